@@ -1,0 +1,211 @@
+//! The errors handoff returns. Every variant names the field and the value at fault.
+
+use crate::device::Device;
+
+/// A `Result` with handoff's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a hand-off.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A DLPack descriptor failed validation (see [`ValidationError`]).
+    #[error("invalid DLPack tensor: {0}")]
+    Validation(#[from] ValidationError),
+
+    /// Producer and consumer are on different devices, and no copy was allowed.
+    #[error(
+        "cross-device hand-off from {from} to {to} refused: handoff never copies \
+         unless asked; make the consumer stream one of {from}, or allow a copy"
+    )]
+    CrossDevice {
+        /// The producer's device.
+        from: Device,
+        /// The consumer's device.
+        to: Device,
+    },
+
+    /// Two streams of different backends that cannot order work between them.
+    #[error("cannot order {producer} work before {consumer} work: {reason}")]
+    IncompatibleStreams {
+        /// The producer stream's backend.
+        producer: &'static str,
+        /// The consumer stream's backend.
+        consumer: &'static str,
+        /// Why not.
+        reason: String,
+    },
+
+    /// A backend call failed (a CUDA driver error, a PJRT error, a mock misuse).
+    #[error("{backend}: {call} failed: {message}")]
+    Backend {
+        /// The backend (`cuda`, `mock`, `pjrt`, ...).
+        backend: &'static str,
+        /// The call that failed.
+        call: &'static str,
+        /// The backend's own message.
+        message: String,
+    },
+
+    /// CUDA was asked for but cannot be used on this machine.
+    #[error("CUDA is not available: {reason}")]
+    CudaUnavailable {
+        /// Why (no `libcuda`, no device, driver error, ...).
+        reason: String,
+    },
+
+    /// A value cannot be described as a DLPack tensor, or an adapter refused it.
+    #[error("{adapter}: {message}")]
+    Adapter {
+        /// The adapter that refused.
+        adapter: &'static str,
+        /// What is wrong and what to do instead.
+        message: String,
+    },
+}
+
+/// Why a DLPack descriptor was refused. Each check of the import path has its own
+/// variant; the foreign deleter has been called exactly once when one is returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValidationError {
+    /// The managed-tensor pointer was null.
+    #[error("managed tensor pointer is null")]
+    NullPointer,
+
+    /// `version.major` is not the one handoff speaks; no other field was read.
+    #[error(
+        "version.major is {major}, handoff speaks DLPack {expected}.x; the deleter was called and no other field was read"
+    )]
+    IncompatibleVersion {
+        /// The tensor's major version.
+        major: u32,
+        /// The major version handoff implements.
+        expected: u32,
+    },
+
+    /// `device.device_type` names a device handoff does not exchange, or
+    /// `device.device_id` is negative.
+    #[error(
+        "device (device_type {device_type}, device_id {device_id}) is not exchanged: \
+         handoff takes host (1, 3), CUDA (2) and the mock device (12) with device_id >= 0"
+    )]
+    UnsupportedDevice {
+        /// `device.device_type`.
+        device_type: u32,
+        /// `device.device_id`.
+        device_id: i32,
+    },
+
+    /// `dtype` is not a scalar DLPack dtype with a valid bit width.
+    #[error("dtype (code {code}, bits {bits}, lanes {lanes}) is not a DLPack scalar dtype handoff exchanges")]
+    UnsupportedDtype {
+        /// `dtype.code`.
+        code: u8,
+        /// `dtype.bits`.
+        bits: u8,
+        /// `dtype.lanes`.
+        lanes: u16,
+    },
+
+    /// `ndim` is negative.
+    #[error("ndim is {ndim}: it must be >= 0")]
+    NegativeNdim {
+        /// `ndim`.
+        ndim: i32,
+    },
+
+    /// `ndim` is above [`crate::MAX_NDIM`].
+    #[error("ndim is {ndim}: handoff takes at most {max} dimensions")]
+    TooManyDims {
+        /// `ndim`.
+        ndim: i32,
+        /// The limit.
+        max: i32,
+    },
+
+    /// `shape` is null although `ndim > 0`.
+    #[error("shape is null but ndim is {ndim}")]
+    NullShape {
+        /// `ndim`.
+        ndim: i32,
+    },
+
+    /// `shape[axis]` is negative.
+    #[error("shape[{axis}] is {value}: dimensions must be >= 0")]
+    NegativeDimension {
+        /// The axis.
+        axis: usize,
+        /// `shape[axis]`.
+        value: i64,
+    },
+
+    /// The product of `shape` overflows.
+    #[error("shape {shape:?} has more elements than fit in isize")]
+    ShapeOverflow {
+        /// `shape`.
+        shape: Vec<i64>,
+    },
+
+    /// `strides` is null in a DLPack version that requires explicit strides.
+    #[error("strides is null but DLPack {major}.{minor} requires explicit strides for ndim {ndim}")]
+    StridesRequired {
+        /// `version.major`.
+        major: u32,
+        /// `version.minor`.
+        minor: u32,
+        /// `ndim`.
+        ndim: i32,
+    },
+
+    /// The memory the shape and strides span, in bytes, overflows `isize`.
+    #[error("shape {shape:?} with strides {strides:?} spans more than isize::MAX bytes of {dtype}")]
+    ExtentOverflow {
+        /// `shape`.
+        shape: Vec<i64>,
+        /// `strides`.
+        strides: Vec<i64>,
+        /// The dtype's name.
+        dtype: String,
+    },
+
+    /// `data + byte_offset` overflows the address space.
+    #[error("byte_offset {byte_offset} added to data {data:#x} overflows the address space")]
+    ByteOffsetOverflow {
+        /// `data`.
+        data: usize,
+        /// `byte_offset`.
+        byte_offset: u64,
+    },
+
+    /// `data + byte_offset` is not aligned for the dtype.
+    #[error("data {data:#x} + byte_offset {byte_offset} is not aligned to {align} bytes, as {dtype} needs")]
+    Misaligned {
+        /// `data`.
+        data: usize,
+        /// `byte_offset`.
+        byte_offset: u64,
+        /// The alignment the dtype needs.
+        align: usize,
+        /// The dtype's name.
+        dtype: String,
+    },
+
+    /// `data` is null but the tensor has elements.
+    #[error("data is null but the tensor has {elements} elements")]
+    NullData {
+        /// The element count.
+        elements: usize,
+    },
+
+    /// A mutable import of a tensor whose `flags` has `READ_ONLY`.
+    #[error("flags has READ_ONLY: a mutable import is refused; import it read-only")]
+    ReadOnly,
+
+    /// `flags` has bits DLPack does not define.
+    #[error("flags {flags:#x} has bits DLPack does not define")]
+    UnknownFlags {
+        /// `flags`.
+        flags: u64,
+    },
+}

@@ -1,0 +1,422 @@
+//! `Handoff`, the value in flight: a DLPack versioned managed tensor that owns the
+//! producer's keep-alive and whose deleter releases it in stream order.
+
+use crate::device::Device;
+use crate::dtype::DataType;
+use crate::error::{Result, ValidationError};
+use crate::ordered::{Ready, StreamOrdered};
+use crate::reaper::{self, KeepAlive};
+use crate::stats::{self, Counter};
+use crate::stream::Stream;
+use crate::validate::{self, Access};
+use dlpark::DlpackFlags;
+use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
+use dlpark::metadata::Dynamic;
+use dlpark::{Managed, ManagedTensorBase};
+use std::borrow::Cow;
+use std::ffi::c_void;
+
+/// How a producer describes its memory for export. Nothing is copied.
+///
+/// ```
+/// use handoff_runtime::{Device, TensorDesc, dtype::DataType};
+/// let data = vec![0f32; 6];
+/// let desc = TensorDesc::new(data.as_ptr() as *mut _, Device::Host, DataType::F32, &[2, 3][..])
+///     .with_strides(&[1, 2][..]);
+/// assert_eq!(desc.shape.as_ref(), &[2, 3]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct TensorDesc<'a> {
+    /// The base address (device memory for device tensors).
+    pub data: *mut c_void,
+    /// Where the memory lives.
+    pub device: Device,
+    /// The element type.
+    pub dtype: DataType,
+    /// The extent of each dimension.
+    pub shape: Cow<'a, [i64]>,
+    /// Strides in elements; `None` for compact row-major.
+    pub strides: Option<Cow<'a, [i64]>>,
+    /// Bytes from `data` to the first element.
+    pub byte_offset: u64,
+    /// Consumers must not write.
+    pub read_only: bool,
+    /// The memory is a copy owned by this hand-off alone (sets DLPack `IS_COPIED`).
+    pub is_copied: bool,
+}
+
+impl<'a> TensorDesc<'a> {
+    /// A compact, writable, not copied tensor.
+    pub fn new(data: *mut c_void, device: Device, dtype: DataType, shape: impl Into<Cow<'a, [i64]>>) -> Self {
+        TensorDesc {
+            data,
+            device,
+            dtype,
+            shape: shape.into(),
+            strides: None,
+            byte_offset: 0,
+            read_only: false,
+            is_copied: false,
+        }
+    }
+
+    /// Explicit strides, in elements.
+    pub fn with_strides(mut self, strides: impl Into<Cow<'a, [i64]>>) -> Self {
+        self.strides = Some(strides.into());
+        self
+    }
+
+    /// A byte offset from `data` to the first element.
+    pub fn with_byte_offset(mut self, byte_offset: u64) -> Self {
+        self.byte_offset = byte_offset;
+        self
+    }
+
+    /// Marks the tensor read-only for consumers.
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+}
+
+/// When a hand-off gives the producer's keep-alive back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// After all work the consumer enqueued on its stream before dropping (rule 3).
+    /// Immediate when the consumer stream is the producer's own or the host.
+    AfterConsumer,
+    /// As soon as the consumer drops: for producers whose allocator is itself
+    /// stream-ordered across streams (PyTorch's `recordStream`).
+    Immediately,
+}
+
+/// A value that can be handed to another framework without a copy.
+pub trait Export: StreamOrdered + Send + Sized + 'static {
+    /// Describes the memory. `self` is kept alive, unchanged, until the consumer is done.
+    fn describe(&self) -> Result<TensorDesc<'_>>;
+
+    /// Makes the value ready on `consumer` and wraps it in a [`Handoff`].
+    fn export(self, consumer: &Stream) -> Result<Handoff> {
+        Handoff::export(self, consumer)
+    }
+}
+
+/// A type that can take a [`Handoff`] in, viewing its memory without a copy and
+/// keeping it (and so the producer's keep-alive) until it is dropped.
+pub trait Import: Sized {
+    /// Takes the hand-off in. Use [`Handoff::import`], which counts it.
+    fn from_handoff(handoff: Handoff) -> Result<Self>;
+}
+
+/// Hands `value` to a consumer of type `T` that works on `consumer`.
+///
+/// ```
+/// # use handoff_runtime::{mock::Mock, transfer, stats};
+/// let mock = Mock::new();
+/// let (a, b) = (mock.stream(0, "a"), mock.stream(0, "b"));
+/// let x = mock.tensor_f32(&a, "x", &[2], &[1.0, 2.0]);
+/// let y: handoff_runtime::mock::MockTensor = transfer(x, &b).unwrap();
+/// assert_eq!(y.stream(), &b);
+/// ```
+pub fn transfer<T: Import>(value: impl Export, consumer: &Stream) -> Result<T> {
+    value.export(consumer)?.import()
+}
+
+struct Owner {
+    keep_alive: Option<KeepAlive>,
+    release_after: Option<Stream>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if let Some(k) = self.keep_alive.take() {
+            reaper::release_boxed(self.release_after.as_ref(), k);
+        }
+    }
+}
+
+/// A tensor in flight between a producer and a consumer: a DLPack
+/// `DLManagedTensorVersioned` (through dlpark) made ready on the consumer's stream.
+///
+/// Dropping it, or calling its DLPack deleter after [`Handoff::into_raw`], gives the
+/// producer's memory back only after the consumer's queued work is done.
+pub struct Handoff {
+    managed: Managed<DLManagedTensorVersioned>,
+    device: Device,
+    consumer: Stream,
+    ready: Ready,
+}
+
+impl Handoff {
+    /// Makes `value` ready on `consumer` and wraps it (what [`Export::export`] does).
+    pub fn export<T: Export>(value: T, consumer: &Stream) -> Result<Handoff> {
+        let same_stream = value.stream().as_ref() == Some(consumer);
+        let ready = value.ready_on(consumer)?;
+        let release = if same_stream { Release::Immediately } else { Release::AfterConsumer };
+        Handoff::with_keep_alive(value, |v| v.describe(), consumer, ready, release)
+    }
+
+    /// Wraps memory described by `describe(&keep_alive)`, which the caller has already
+    /// made ready on `consumer` (`ready` says how), releasing `keep_alive` as `release` says.
+    ///
+    /// This is the constructor adapters use when they order or release memory
+    /// their own way.
+    pub fn with_keep_alive<K: Send + 'static>(
+        keep_alive: K,
+        describe: impl FnOnce(&K) -> Result<TensorDesc<'_>>,
+        consumer: &Stream,
+        ready: Ready,
+        release: Release,
+    ) -> Result<Handoff> {
+        let (prepared, data, device, dtype, byte_offset, flags) = {
+            let desc = describe(&keep_alive)?;
+            let prepared = match &desc.strides {
+                Some(strides) => Dynamic::new(&desc.shape[..], &strides[..]).prepare(),
+                None => Dynamic::compact(&desc.shape[..]).prepare(),
+            }
+            .map_err(|e| metadata_error(e, &desc))?;
+            let mut flags = DlpackFlags::empty();
+            flags.set(DlpackFlags::READ_ONLY, desc.read_only);
+            flags.set(DlpackFlags::IS_COPIED, desc.is_copied);
+            (prepared, desc.data, desc.device, desc.dtype, desc.byte_offset, flags)
+        };
+        let release_after = match release {
+            Release::AfterConsumer => Some(consumer.clone()),
+            Release::Immediately => None,
+        };
+        let owner = Box::new(Owner { keep_alive: Some(Box::new(keep_alive)), release_after });
+        let mut init = prepared.initialize(owner);
+        init.set_data(data).set_device(device.to_dlpack()).set_dtype(dtype).set_byte_offset(byte_offset);
+        // SAFETY: IS_COPIED is only set when the producer says the memory is a copy
+        // owned by this hand-off alone (`TensorDesc::is_copied`).
+        unsafe { init.set_flags_unchecked(flags) };
+        // SAFETY: data, device and dtype describe memory `keep_alive` owns, which the
+        // context keeps alive until the deleter runs; shape and strides are in the
+        // allocation itself.
+        let managed = unsafe { init.finish() };
+        Self::checked(managed, consumer.clone(), ready, Access::Read, Counter::Exports)
+    }
+
+    fn checked(
+        managed: Managed<DLManagedTensorVersioned>,
+        consumer: Stream,
+        ready: Ready,
+        access: Access,
+        counter: Counter,
+    ) -> Result<Handoff> {
+        // SAFETY: the managed tensor is owned and its metadata lives as long as it.
+        let tensor = unsafe { managed.tensor() };
+        let checked = unsafe { validate::check(tensor, Some(managed.version()), managed.flags(), access) }?;
+        stats::count(counter, 1);
+        Ok(Handoff { managed, device: checked.device, consumer, ready })
+    }
+
+    /// Takes in a foreign `DLManagedTensorVersioned` that its producer has already
+    /// made ready on `consumer` (as the DLPack stream convention asks), validating it
+    /// before any metadata is used. On every error the foreign deleter has been
+    /// called exactly once. Dropping the result calls the foreign deleter only after
+    /// the work queued on `consumer` before the drop is done.
+    ///
+    /// # Safety
+    /// `ptr` must be null or a managed tensor the caller owns, whose version field is
+    /// readable, and whose other fields are readable when the major version matches.
+    pub unsafe fn from_raw(
+        ptr: *mut DLManagedTensorVersioned,
+        consumer: &Stream,
+        access: Access,
+    ) -> Result<Handoff> {
+        // SAFETY: forwarded from the caller.
+        let foreign = unsafe { Managed::from_raw(ptr) }.map_err(|e| match e {
+            dlpark::dlpack::FromRawError::Version { source } => {
+                ValidationError::IncompatibleVersion { major: source.actual, expected: source.expected }
+            }
+            _ => ValidationError::NullPointer,
+        })?;
+        // SAFETY: owned, version checked; check() bounds every read.
+        let flags = foreign.flags();
+        unsafe { validate::check(foreign.tensor(), Some(foreign.version()), flags, access) }?;
+        Self::adopt(foreign, flags, consumer, access)
+    }
+
+    /// Takes in a foreign legacy `DLManagedTensor`, as [`Handoff::from_raw`] does.
+    ///
+    /// # Safety
+    /// `ptr` must be null or a managed tensor the caller owns, with readable fields.
+    pub unsafe fn from_raw_legacy(
+        ptr: *mut DLManagedTensor,
+        consumer: &Stream,
+        access: Access,
+    ) -> Result<Handoff> {
+        // SAFETY: forwarded from the caller.
+        let foreign = unsafe { Managed::from_raw(ptr) }.map_err(|_| ValidationError::NullPointer)?;
+        unsafe { validate::check(foreign.tensor(), None, DlpackFlags::empty(), access) }?;
+        Self::adopt(foreign, DlpackFlags::empty(), consumer, access)
+    }
+
+    /// Re-wraps a validated foreign tensor so that its deleter, too, runs in stream order.
+    fn adopt<M: ManagedTensorBase + 'static>(
+        foreign: Managed<M>,
+        flags: DlpackFlags,
+        consumer: &Stream,
+        access: Access,
+    ) -> Result<Handoff> {
+        // SAFETY: validated above; metadata is immutable while owned.
+        let t: DLTensor = *unsafe { foreign.tensor() };
+        let shape: &[i64] =
+            if t.ndim == 0 { &[] } else { unsafe { std::slice::from_raw_parts(t.shape, t.ndim as usize) } };
+        let strides: Cow<'_, [i64]> = if t.ndim == 0 {
+            Cow::Borrowed(&[])
+        } else if t.strides.is_null() {
+            Cow::Owned(
+                dlpark::tensor::compact_strides(shape)
+                    .map_err(|_| ValidationError::ShapeOverflow { shape: shape.to_vec() })?,
+            )
+        } else {
+            Cow::Borrowed(unsafe { std::slice::from_raw_parts(t.strides, t.ndim as usize) })
+        };
+        let prepared = Dynamic::new(shape, &strides[..])
+            .prepare()
+            .map_err(|_| ValidationError::ShapeOverflow { shape: shape.to_vec() })?;
+        let owner =
+            Box::new(Owner { keep_alive: Some(Box::new(foreign)), release_after: Some(consumer.clone()) });
+        let mut init = prepared.initialize(owner);
+        init.set_data(t.data).set_device(t.device).set_dtype(t.dtype).set_byte_offset(t.byte_offset);
+        // SAFETY: the flags are the producer's own, passed on unchanged.
+        unsafe { init.set_flags_unchecked(flags) };
+        // SAFETY: the foreign tensor, kept in the context, owns the described memory.
+        let managed = unsafe { init.finish() };
+        Self::checked(managed, consumer.clone(), Ready::Elided, access, Counter::Imports)
+    }
+
+    /// Gives the hand-off to a consumer type (counted as an import).
+    pub fn import<T: Import>(self) -> Result<T> {
+        stats::count(Counter::Imports, 1);
+        T::from_handoff(self)
+    }
+
+    /// Gives up ownership as a raw DLPack pointer, for a C consumer. Its deleter
+    /// performs the stream-ordered release.
+    pub fn into_raw(self) -> *mut DLManagedTensorVersioned {
+        self.managed.into_raw()
+    }
+
+    /// The raw DLPack pointer, still owned by `self`.
+    pub fn as_raw(&self) -> *mut DLManagedTensorVersioned {
+        self.managed.as_ptr()
+    }
+
+    fn tensor(&self) -> &DLTensor {
+        // SAFETY: owned and validated; metadata is immutable while owned.
+        unsafe { self.managed.tensor() }
+    }
+
+    /// Where the memory lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DataType {
+        self.tensor().dtype
+    }
+
+    /// The extent of each dimension.
+    pub fn shape(&self) -> &[i64] {
+        let t = self.tensor();
+        if t.ndim == 0 {
+            return &[];
+        }
+        // SAFETY: validated: `ndim` readable values.
+        unsafe { std::slice::from_raw_parts(t.shape, t.ndim as usize) }
+    }
+
+    /// The strides in elements (always explicit in a hand-off).
+    pub fn strides(&self) -> &[i64] {
+        let t = self.tensor();
+        if t.ndim == 0 {
+            return &[];
+        }
+        // SAFETY: every Handoff is built with explicit strides of `ndim` values.
+        unsafe { std::slice::from_raw_parts(t.strides, t.ndim as usize) }
+    }
+
+    /// Whether the strides are compact row-major.
+    pub fn is_contiguous(&self) -> bool {
+        dlpark::tensor::is_compact_strides(self.shape(), Some(self.strides())).unwrap_or(false)
+    }
+
+    /// The base address.
+    pub fn data(&self) -> *mut c_void {
+        self.tensor().data
+    }
+
+    /// Bytes from [`data`](Self::data) to the first element.
+    pub fn byte_offset(&self) -> u64 {
+        self.tensor().byte_offset
+    }
+
+    /// The address of the first element (`data + byte_offset`).
+    pub fn data_ptr(&self) -> *mut u8 {
+        (self.data() as *mut u8).wrapping_add(self.byte_offset() as usize)
+    }
+
+    /// The number of elements.
+    pub fn num_elements(&self) -> usize {
+        self.shape().iter().map(|&d| d as usize).product()
+    }
+
+    /// The bytes the elements take (packed sub-byte types rounded up once).
+    pub fn num_bytes(&self) -> usize {
+        (self.num_elements() * self.dtype().bits as usize).div_ceil(8)
+    }
+
+    /// Consumers must not write.
+    pub fn is_read_only(&self) -> bool {
+        self.managed.flags().contains(DlpackFlags::READ_ONLY)
+    }
+
+    /// The memory is a copy made for this hand-off.
+    pub fn is_copied(&self) -> bool {
+        self.managed.flags().contains(DlpackFlags::IS_COPIED)
+    }
+
+    /// The stream the data was made ready on, and on which the consumer works.
+    pub fn consumer_stream(&self) -> &Stream {
+        &self.consumer
+    }
+
+    /// What making the data ready took.
+    pub fn ready(&self) -> Ready {
+        self.ready
+    }
+}
+
+impl std::fmt::Debug for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handoff")
+            .field("device", &self.device)
+            .field("dtype", &crate::dtype::name(self.dtype()))
+            .field("shape", &self.shape())
+            .field("strides", &self.strides())
+            .field("byte_offset", &self.byte_offset())
+            .field("consumer", &self.consumer)
+            .field("ready", &self.ready)
+            .finish()
+    }
+}
+
+fn metadata_error(e: dlpark::metadata::Error, desc: &TensorDesc<'_>) -> crate::Error {
+    use dlpark::metadata::Error as M;
+    match e {
+        M::NegativeShapeValue { axis, value } => ValidationError::NegativeDimension { axis, value }.into(),
+        M::MismatchedLength { shape_len, strides_len } => crate::Error::Adapter {
+            adapter: "export",
+            message: format!("shape has {shape_len} dimensions but strides has {strides_len}"),
+        },
+        M::NdimOverflow { ndim, .. } => {
+            ValidationError::TooManyDims { ndim: ndim.min(i32::MAX as usize) as i32, max: validate::MAX_NDIM }
+                .into()
+        }
+        _ => ValidationError::ShapeOverflow { shape: desc.shape.to_vec() }.into(),
+    }
+}

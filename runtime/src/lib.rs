@@ -1,0 +1,46 @@
+//! # handoff-runtime
+//!
+//! The stream-ordered hand-off protocol, which every adapter of handoff builds on.
+//!
+//! - [`Device`], [`dtype`]: where memory lives and what it holds (DLPack's types).
+//! - [`Stream`], [`Event`], [`Backend`]: streams of any device, pooled events.
+//! - [`StreamOrdered`]: a value that knows how to be made ready on a consumer stream.
+//! - [`Export`], [`Import`], [`Handoff`]: the DLPack tensor in flight; its release
+//!   is stream-ordered through the [`reaper`].
+//! - [`stats`]: counters of every record, wait, elision, copy and host sync.
+//! - [`mock`]: a simulated device with a hazard checker, for tests without a GPU.
+//!
+//! ```
+//! use handoff_runtime::{mock::{Mock, MockTensor}, stats, Export, Ready};
+//!
+//! let mock = Mock::new();
+//! let (producer, consumer) = (mock.stream(0, "producer"), mock.stream(0, "consumer"));
+//! let x = mock.tensor_f32(&producer, "x", &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+//! let (h, delta) = stats::measure(|| x.export(&consumer).unwrap());
+//! assert_eq!(h.ready(), Ready::Waited);
+//! assert_eq!((delta.waits_enqueued, delta.host_syncs), (1, 0));
+//! let y: MockTensor = h.import().unwrap();
+//! ```
+#![warn(missing_docs)]
+
+mod device;
+pub mod dtype;
+mod error;
+mod handoff;
+pub mod mock;
+mod ordered;
+pub mod reaper;
+pub mod stats;
+mod stream;
+mod validate;
+
+pub use device::Device;
+pub use error::{Error, Result, ValidationError};
+pub use handoff::{Export, Handoff, Import, Release, TensorDesc, transfer};
+pub use ordered::{Ready, StreamOrdered, order};
+pub use stats::{Stats, stats};
+pub use stream::{Backend, Event, EventPool, RawEvent, RawStream, Stream};
+pub use validate::{Access, MAX_NDIM};
+
+/// The DLPack ABI types, re-exported from `dlpark`.
+pub use dlpark;

@@ -1,0 +1,72 @@
+//! The `StreamOrdered` trait: how a value's pending writes become visible on a
+//! consumer stream without blocking the host (rules 1 and 2).
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::stats::{self, Counter};
+use crate::stream::Stream;
+
+/// What making a value ready on a consumer stream took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// Nothing: the same stream, or memory with no pending device work.
+    Elided,
+    /// One event recorded on the producer stream and one wait enqueued on the consumer.
+    Waited,
+    /// The consumer is the host, so the host waited for the producer (counted).
+    HostSynced,
+}
+
+/// A value whose memory is written in stream order: it knows its device and the
+/// stream its pending writes are on.
+///
+/// The provided [`ready_on`](StreamOrdered::ready_on) does the protocol: record a
+/// pooled event on the producer stream and enqueue a wait on the consumer; nothing
+/// at all when both are the same stream or the value has no stream.
+///
+/// ```
+/// use handoff_runtime::{Device, Ready, Stream, StreamOrdered};
+/// struct HostBytes(Vec<u8>);
+/// impl StreamOrdered for HostBytes {
+///     fn device(&self) -> Device { Device::Host }
+///     fn stream(&self) -> Option<Stream> { None }
+/// }
+/// assert_eq!(HostBytes(vec![1]).ready_on(&Stream::host()).unwrap(), Ready::Elided);
+/// ```
+pub trait StreamOrdered {
+    /// Where the memory lives.
+    fn device(&self) -> Device;
+
+    /// The stream the value's pending writes are on; `None` when there are none
+    /// (host memory written by the host).
+    fn stream(&self) -> Option<Stream>;
+
+    /// Makes the value's pending writes visible to work enqueued on `consumer` from
+    /// now on, without blocking the host (unless `consumer` is the host itself).
+    fn ready_on(&self, consumer: &Stream) -> Result<Ready> {
+        order(self.stream().as_ref(), consumer)
+    }
+}
+
+/// Orders work enqueued on `consumer` from now on after all work enqueued so far on
+/// `producer`: the default of [`StreamOrdered::ready_on`], for adapters that
+/// override it but keep the rule.
+pub fn order(producer: Option<&Stream>, consumer: &Stream) -> Result<Ready> {
+    let producer = match producer {
+        Some(p) if !p.is_host() && p != consumer => p,
+        _ => {
+            stats::count(Counter::WaitsElided, 1);
+            return Ok(Ready::Elided);
+        }
+    };
+    if consumer.is_host() {
+        producer.synchronize()?;
+        return Ok(Ready::HostSynced);
+    }
+    if producer.device() != consumer.device() {
+        return Err(Error::CrossDevice { from: producer.device(), to: consumer.device() });
+    }
+    let event = producer.record()?;
+    consumer.wait(&event)?;
+    Ok(Ready::Waited)
+}

@@ -1,0 +1,195 @@
+//! Counters of everything a hand-off does on the device and the host (rule 4).
+//!
+//! Every place handoff or an adapter could block the host goes through
+//! [`host_sync`], so `host_syncs` is the number of times the CPU waited for a device.
+//! Counters are process-wide atomics, mirrored per thread so a test can measure a
+//! region on its own thread while other tests run:
+//!
+//! ```
+//! use handoff_runtime::stats;
+//! let (_, delta) = stats::measure(|| { /* hand-offs */ });
+//! assert_eq!(delta.host_syncs, 0);
+//! ```
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Counter {
+    /// Values exported into a [`crate::Handoff`].
+    Exports,
+    /// Hand-offs taken in by a consumer (including foreign DLPack imports).
+    Imports,
+    /// Times the host blocked on a device (through [`host_sync`]).
+    HostSyncs,
+    /// Events created by the pools (a steady state creates none).
+    EventsCreated,
+    /// Events recorded on a stream.
+    EventsRecorded,
+    /// Stream waits enqueued.
+    WaitsEnqueued,
+    /// Waits not needed (same stream, host memory) and so never enqueued.
+    WaitsElided,
+    /// Copies made (only ever on request).
+    Copies,
+    /// Bytes copied by those copies.
+    BytesCopied,
+    /// Keep-alives released at once (same stream or host consumer).
+    ReleasesImmediate,
+    /// Keep-alives handed to the reaper behind an event.
+    ReleasesDeferred,
+}
+
+const N: usize = Counter::ReleasesDeferred as usize + 1;
+
+static GLOBAL: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+
+thread_local! {
+    static LOCAL: [Cell<u64>; N] = const { [const { Cell::new(0) }; N] };
+}
+
+/// Adds `n` to a counter, process-wide and on this thread.
+#[inline]
+pub fn count(counter: Counter, n: u64) {
+    GLOBAL[counter as usize].fetch_add(n, Ordering::Relaxed);
+    // A thread being torn down has no locals any more; the global count is kept.
+    let _ = LOCAL.try_with(|l| {
+        let c = &l[counter as usize];
+        c.set(c.get() + n);
+    });
+}
+
+/// Runs a call that blocks the host until a device has done some work, and counts
+/// it. This is the only way handoff and its adapters block on a device.
+#[inline]
+pub fn host_sync<R>(f: impl FnOnce() -> R) -> R {
+    count(Counter::HostSyncs, 1);
+    f()
+}
+
+/// A snapshot of the counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// See [`Counter::Exports`].
+    pub exports: u64,
+    /// See [`Counter::Imports`].
+    pub imports: u64,
+    /// See [`Counter::HostSyncs`].
+    pub host_syncs: u64,
+    /// See [`Counter::EventsCreated`].
+    pub events_created: u64,
+    /// See [`Counter::EventsRecorded`].
+    pub events_recorded: u64,
+    /// See [`Counter::WaitsEnqueued`].
+    pub waits_enqueued: u64,
+    /// See [`Counter::WaitsElided`].
+    pub waits_elided: u64,
+    /// See [`Counter::Copies`].
+    pub copies: u64,
+    /// See [`Counter::BytesCopied`].
+    pub bytes_copied: u64,
+    /// See [`Counter::ReleasesImmediate`].
+    pub releases_immediate: u64,
+    /// See [`Counter::ReleasesDeferred`].
+    pub releases_deferred: u64,
+}
+
+impl Stats {
+    fn from_fn(mut get: impl FnMut(usize) -> u64) -> Stats {
+        Stats {
+            exports: get(Counter::Exports as usize),
+            imports: get(Counter::Imports as usize),
+            host_syncs: get(Counter::HostSyncs as usize),
+            events_created: get(Counter::EventsCreated as usize),
+            events_recorded: get(Counter::EventsRecorded as usize),
+            waits_enqueued: get(Counter::WaitsEnqueued as usize),
+            waits_elided: get(Counter::WaitsElided as usize),
+            copies: get(Counter::Copies as usize),
+            bytes_copied: get(Counter::BytesCopied as usize),
+            releases_immediate: get(Counter::ReleasesImmediate as usize),
+            releases_deferred: get(Counter::ReleasesDeferred as usize),
+        }
+    }
+
+    fn fields(&self) -> [u64; N] {
+        [
+            self.exports,
+            self.imports,
+            self.host_syncs,
+            self.events_created,
+            self.events_recorded,
+            self.waits_enqueued,
+            self.waits_elided,
+            self.copies,
+            self.bytes_copied,
+            self.releases_immediate,
+            self.releases_deferred,
+        ]
+    }
+
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        let (now, then) = (self.fields(), earlier.fields());
+        Stats::from_fn(|i| now[i].saturating_sub(then[i]))
+    }
+}
+
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exports {}, imports {}, waits enqueued {}, waits elided {}, events recorded {}, \
+             events created {}, host syncs {}, copies {} ({} bytes), releases immediate {}, deferred {}",
+            self.exports,
+            self.imports,
+            self.waits_enqueued,
+            self.waits_elided,
+            self.events_recorded,
+            self.events_created,
+            self.host_syncs,
+            self.copies,
+            self.bytes_copied,
+            self.releases_immediate,
+            self.releases_deferred
+        )
+    }
+}
+
+/// The process-wide counters.
+pub fn stats() -> Stats {
+    Stats::from_fn(|i| GLOBAL[i].load(Ordering::Relaxed))
+}
+
+/// The counters of the calling thread only.
+pub fn thread_stats() -> Stats {
+    LOCAL.with(|l| Stats::from_fn(|i| l[i].get()))
+}
+
+/// Runs `f` and returns what it did on this thread.
+pub fn measure<R>(f: impl FnOnce() -> R) -> (R, Stats) {
+    let before = thread_stats();
+    let r = f();
+    (r, thread_stats().since(&before))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_locally_and_globally() {
+        let g0 = stats();
+        let ((), d) = measure(|| {
+            count(Counter::Copies, 2);
+            host_sync(|| ());
+        });
+        assert_eq!(d.copies, 2);
+        assert_eq!(d.host_syncs, 1);
+        assert_eq!(d.exports, 0);
+        assert!(stats().since(&g0).copies >= 2);
+        let other = std::thread::spawn(|| measure(|| ()).1).join().unwrap();
+        assert_eq!(other, Stats::default());
+    }
+}

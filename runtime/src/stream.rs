@@ -1,0 +1,281 @@
+//! Streams, events and per-device event pools, over a [`Backend`] trait that each
+//! kind of device implements (host and mock here; CUDA in its own module).
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::stats::{self, Counter};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A backend's raw stream handle (a `CUstream` address, a mock stream index).
+pub type RawStream = u64;
+/// A backend's raw event handle (a `CUevent` address, a mock event index).
+pub type RawEvent = u64;
+
+/// What a kind of device must do for the protocol: events that record a point in a
+/// stream, waits that order one stream after such a point without blocking the host,
+/// a non-blocking query, and a blocking synchronize (which callers count).
+///
+/// One backend value serves all streams of one device, and owns that device's
+/// [`EventPool`]. Implementations must not block in any method but `synchronize`.
+pub trait Backend: std::any::Any + Send + Sync {
+    /// A short name for errors (`host`, `mock`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// The device whose streams this backend drives.
+    fn device(&self) -> Device;
+    /// The pool of this device's events.
+    fn event_pool(&self) -> &EventPool;
+    /// Creates an event (the pool calls it only when it has none free).
+    fn create_event(&self) -> Result<RawEvent>;
+    /// Destroys an event the pool no longer needs.
+    fn destroy_event(&self, event: RawEvent);
+    /// Records `event` on `stream`: it completes once all work enqueued there so far has.
+    fn record(&self, event: RawEvent, stream: RawStream) -> Result<()>;
+    /// Makes work enqueued on `stream` from now on wait for `event`'s latest record.
+    fn wait(&self, stream: RawStream, event: RawEvent) -> Result<()>;
+    /// Whether `event` has completed. Never blocks.
+    fn query(&self, event: RawEvent) -> Result<bool>;
+    /// Blocks the host until `event` has completed. Only called through
+    /// [`stats::host_sync`], so every use is counted.
+    fn synchronize(&self, event: RawEvent) -> Result<()>;
+    /// A name for a raw stream in messages.
+    fn describe_stream(&self, stream: RawStream) -> String {
+        format!("{}:{stream:#x}", self.device())
+    }
+}
+
+/// Free events of one device, reused so that a steady state creates none.
+#[derive(Debug, Default)]
+pub struct EventPool {
+    free: Mutex<Vec<RawEvent>>,
+    created: AtomicU64,
+}
+
+impl EventPool {
+    /// An empty pool.
+    pub const fn new() -> EventPool {
+        EventPool { free: Mutex::new(Vec::new()), created: AtomicU64::new(0) }
+    }
+
+    /// How many events this pool has created in all.
+    pub fn created(&self) -> u64 {
+        self.created.load(Ordering::Relaxed)
+    }
+
+    /// How many events are free in the pool now.
+    pub fn free(&self) -> usize {
+        self.free.lock().map(|f| f.len()).unwrap_or(0)
+    }
+
+    fn take(&self, backend: &dyn Backend) -> Result<RawEvent> {
+        if let Some(e) = self.free.lock().ok().and_then(|mut f| f.pop()) {
+            return Ok(e);
+        }
+        let e = backend.create_event()?;
+        self.created.fetch_add(1, Ordering::Relaxed);
+        stats::count(Counter::EventsCreated, 1);
+        Ok(e)
+    }
+
+    fn put(&self, backend: &dyn Backend, event: RawEvent) {
+        match self.free.lock() {
+            Ok(mut f) => f.push(event),
+            Err(_) => backend.destroy_event(event),
+        }
+    }
+}
+
+/// A cheap, clonable handle to a stream of some backend. Two handles to the same
+/// stream compare equal. handoff never destroys a stream: it borrows streams owned
+/// by PyTorch, XLA, cudarc or the mock device.
+///
+/// ```
+/// use handoff_runtime::{Device, Stream};
+/// let host = Stream::host();
+/// assert_eq!(host, Stream::host());
+/// assert_eq!(host.device(), Device::Host);
+/// ```
+#[derive(Clone)]
+pub struct Stream {
+    backend: Arc<dyn Backend>,
+    raw: RawStream,
+}
+
+impl Stream {
+    /// A stream of `backend` named by its raw handle.
+    pub fn new(backend: Arc<dyn Backend>, raw: RawStream) -> Stream {
+        Stream { backend, raw }
+    }
+
+    /// The host "stream": work on it is done when the call that does it returns.
+    pub fn host() -> Stream {
+        static HOST: OnceLock<Arc<dyn Backend>> = OnceLock::new();
+        let backend = HOST.get_or_init(|| Arc::new(HostBackend { pool: EventPool::new() }));
+        Stream { backend: backend.clone(), raw: 0 }
+    }
+
+    /// Whether this is the host stream.
+    pub fn is_host(&self) -> bool {
+        self.backend.device() == Device::Host
+    }
+
+    /// The device of this stream.
+    pub fn device(&self) -> Device {
+        self.backend.device()
+    }
+
+    /// The backend's raw handle of this stream.
+    pub fn raw(&self) -> RawStream {
+        self.raw
+    }
+
+    /// The backend behind this stream.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Records a pooled event on this stream (counted).
+    pub fn record(&self) -> Result<Event> {
+        let raw = self.backend.event_pool().take(&*self.backend)?;
+        let event = Event { backend: self.backend.clone(), raw };
+        self.backend.record(raw, self.raw)?;
+        stats::count(Counter::EventsRecorded, 1);
+        Ok(event)
+    }
+
+    /// Makes work enqueued on this stream from now on wait for `event` (counted).
+    /// The host does not wait. An event of another device is refused.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        if !same_backend(&self.backend, &event.backend) {
+            return Err(incompatible(&event.backend, &self.backend));
+        }
+        self.backend.wait(self.raw, event.raw)?;
+        stats::count(Counter::WaitsEnqueued, 1);
+        Ok(())
+    }
+
+    /// Blocks the host until all work enqueued on this stream so far is done
+    /// (a counted host sync). Not used on any hand-off path.
+    pub fn synchronize(&self) -> Result<()> {
+        if self.is_host() {
+            return Ok(());
+        }
+        self.record()?.synchronize()
+    }
+
+    fn key(&self) -> (*const (), RawStream) {
+        (Arc::as_ptr(&self.backend) as *const (), self.raw)
+    }
+}
+
+pub(crate) fn same_backend(a: &Arc<dyn Backend>, b: &Arc<dyn Backend>) -> bool {
+    std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
+}
+
+pub(crate) fn incompatible(producer: &Arc<dyn Backend>, consumer: &Arc<dyn Backend>) -> Error {
+    let (p, c) = (producer.device(), consumer.device());
+    if p != c && producer.name() == consumer.name() {
+        Error::CrossDevice { from: p, to: c }
+    } else {
+        Error::IncompatibleStreams {
+            producer: producer.name(),
+            consumer: consumer.name(),
+            reason: format!("an event of {p} cannot be waited on by a stream of {c}"),
+        }
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Stream) -> bool {
+        self.key() == other.key()
+    }
+}
+impl Eq for Stream {}
+impl Hash for Stream {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state)
+    }
+}
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Stream({})", self.backend.describe_stream(self.raw))
+    }
+}
+
+/// A recorded point in a stream, from its device's pool; returned to the pool on drop.
+pub struct Event {
+    backend: Arc<dyn Backend>,
+    raw: RawEvent,
+}
+
+impl Event {
+    /// Whether the work before the record has completed. Never blocks.
+    pub fn query(&self) -> Result<bool> {
+        self.backend.query(self.raw)
+    }
+
+    /// Blocks the host until the event has completed (a counted host sync).
+    pub fn synchronize(&self) -> Result<()> {
+        stats::host_sync(|| self.backend.synchronize(self.raw))
+    }
+
+    /// The device of the stream it was recorded on.
+    pub fn device(&self) -> Device {
+        self.backend.device()
+    }
+
+    /// The backend's raw handle.
+    pub fn raw(&self) -> RawEvent {
+        self.raw
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        self.backend.event_pool().put(&*self.backend, self.raw);
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Event({}, {:#x})", self.backend.device(), self.raw)
+    }
+}
+
+/// Host memory has no stream: work on it is complete when the call returns.
+struct HostBackend {
+    pool: EventPool,
+}
+
+impl Backend for HostBackend {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+    fn device(&self) -> Device {
+        Device::Host
+    }
+    fn event_pool(&self) -> &EventPool {
+        &self.pool
+    }
+    fn create_event(&self) -> Result<RawEvent> {
+        Ok(0)
+    }
+    fn destroy_event(&self, _: RawEvent) {}
+    fn record(&self, _: RawEvent, _: RawStream) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: RawEvent) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self, _: RawEvent) -> Result<()> {
+        Ok(())
+    }
+    fn describe_stream(&self, _: RawStream) -> String {
+        "host".into()
+    }
+}

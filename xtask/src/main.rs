@@ -1,0 +1,77 @@
+//! `cargo xtask <command>`: everything a fresh machine needs, in one place.
+//!
+//! - `setup`  install what the adapters need into `.deps/` (reused when present)
+//! - `env`    print the environment variables the build and tests use, as `export` lines
+//! - `test`   setup, then `cargo fmt --check`, clippy (`-D warnings`) and every test
+//! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
+
+mod deps;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = root();
+    let result = match args.first().map(String::as_str) {
+        Some("setup") => deps::setup(&root).map(|_| ()),
+        Some("env") => deps::setup(&root).map(|env| {
+            for (k, v) in env.vars() {
+                println!("export {k}={v:?}");
+            }
+        }),
+        Some("test") => test(&root, &args[1..]),
+        Some("demo") => demo(&root, &args[1..]),
+        _ => {
+            eprintln!("usage: cargo xtask <setup|env|test|demo> [args]");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Runs `cargo` with the set-up environment, failing on a non-zero exit.
+pub fn cargo(root: &Path, env: &deps::Env, args: &[&str]) -> Result<(), String> {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root).args(args);
+    for (k, v) in env.vars() {
+        cmd.env(k, v);
+    }
+    println!("xtask: cargo {}", args.join(" "));
+    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo {} failed ({status})", args.join(" "))) }
+}
+
+fn test(root: &Path, extra: &[String]) -> Result<(), String> {
+    let env = deps::setup(root)?;
+    let lint = !extra.iter().any(|a| a == "--no-lint");
+    if lint {
+        cargo(root, &env, &["fmt", "--all", "--check"])?;
+        cargo(
+            root,
+            &env,
+            &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
+        )?;
+    }
+    cargo(root, &env, &["test", "--workspace", "--all-features", "--no-fail-fast"])?;
+    println!("xtask: all tests passed");
+    Ok(())
+}
+
+fn demo(root: &Path, extra: &[String]) -> Result<(), String> {
+    let env = deps::setup(root)?;
+    let mut args =
+        vec!["run", "--release", "-p", "handoff-examples", "--example", "pipeline", "--all-features", "--"];
+    args.extend(extra.iter().map(String::as_str));
+    cargo(root, &env, &args)
+}
