@@ -104,7 +104,7 @@ pub(crate) fn release_boxed(after: Option<&Stream>, keep_alive: KeepAlive) {
 
 fn defer(stream: &Stream, event: Event, keep_alive: KeepAlive) {
     let r = reaper();
-    let key = (std::sync::Arc::as_ptr(stream.backend()) as *const () as usize, stream.raw());
+    let key = stream_key(stream);
     match r.queue.lock() {
         Ok(mut q) => {
             q.by_stream.entry(key).or_default().push_back(Pending { event, keep_alive });
@@ -172,16 +172,31 @@ fn finish(r: &Reaper, done: Vec<Pending>) {
 /// device (one counted host sync per stream with pending releases). For tests and
 /// shutdown; never called on a hand-off path.
 pub fn flush() {
+    flush_where(|_| true)
+}
+
+/// Like [`flush`], for the releases queued behind work on `stream` only.
+pub fn flush_stream(stream: &Stream) {
+    let key = stream_key(stream);
+    flush_where(|k| *k == key)
+}
+
+fn stream_key(stream: &Stream) -> StreamKey {
+    (std::sync::Arc::as_ptr(stream.backend()) as *const () as usize, stream.raw())
+}
+
+fn flush_where(select: impl Fn(&StreamKey) -> bool) {
     let Some(r) = REAPER.get() else { return };
     let taken: Vec<VecDeque<Pending>> = match r.queue.lock() {
-        Ok(mut q) => q.by_stream.drain().map(|(_, v)| v).collect(),
+        Ok(mut q) => {
+            let keys: Vec<StreamKey> = q.by_stream.keys().filter(|k| select(k)).copied().collect();
+            keys.iter().filter_map(|k| q.by_stream.remove(k)).collect()
+        }
         Err(_) => return,
     };
     for fifo in taken {
-        if let Some(last) = fifo.back() {
-            if let Err(e) = last.event.synchronize() {
-                eprintln!("handoff: waiting for a release event failed ({e}); releasing anyway");
-            }
+        if let Some(Err(e)) = fifo.back().map(|last| last.event.synchronize()) {
+            eprintln!("handoff: waiting for a release event failed ({e}); releasing anyway");
         }
         finish(r, fifo.into_iter().collect());
     }

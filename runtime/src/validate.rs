@@ -54,8 +54,12 @@ pub(crate) unsafe fn check(
     if tensor.ndim > MAX_NDIM {
         return Err(ValidationError::TooManyDims { ndim: tensor.ndim, max: MAX_NDIM });
     }
-    if let Some(v) = version {
-        if v.supports(DLPackVersion { major: 1, minor: 2 }) && tensor.ndim != 0 && tensor.strides.is_null() {
+    if let Some(v) = version
+        && v.supports(DLPackVersion { major: 1, minor: 2 })
+        && tensor.ndim != 0
+        && tensor.strides.is_null()
+    {
+        {
             return Err(ValidationError::StridesRequired {
                 major: v.major,
                 minor: v.minor,

@@ -20,7 +20,7 @@
 //!
 //! let y: handoff_runtime::mock::MockTensor = x.export(&consumer).unwrap().import().unwrap();
 //! mock.launch(&consumer, Kernel::new("use").micros(5).reads(y.buffer()));
-//! mock.run_until_idle();
+//! mock.synchronize();
 //! assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
 //! assert_eq!(mock.read_f32(&y), vec![1.0; 4]);
 //! ```
@@ -132,7 +132,18 @@ impl Mock {
         s.advance_to(t);
     }
 
-    /// Moves the clock until every enqueued kernel has completed.
+    /// Waits on the host for every stream of the world, as a device synchronize does:
+    /// the clock moves until all work is done, the host then knows it is, and the
+    /// world's host-sync count goes up by one.
+    pub fn synchronize(&self) {
+        let mut s = self.world.sim();
+        let t = s.idle_time();
+        s.advance_to(t);
+        s.host_knows_all();
+    }
+
+    /// Moves the clock until every enqueued kernel has completed. The host learns
+    /// nothing from it: only a query or a synchronize tells the host work is done.
     pub fn run_until_idle(&self) {
         let mut s = self.world.sim();
         let t = s.idle_time();

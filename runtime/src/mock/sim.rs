@@ -217,26 +217,18 @@ impl Sim {
         (OpRef { name: name.into(), on: "host".into() }, self.host_seq)
     }
 
-    fn check(
-        &mut self,
-        buffer: usize,
-        op: &OpRef,
-        agent: usize,
-        seq: u32,
-        clock: &Clock,
-        range: Range<usize>,
-        write: bool,
-    ) {
+    fn check(&mut self, buffer: usize, access: Access, clock: &Clock) {
         let b = &mut self.buffers[buffer];
         if let Some(rel) = &b.released {
             self.hazards.push(Hazard {
                 kind: HazardKind::UseAfterRelease,
                 buffer: b.name.clone(),
                 first: rel.clone(),
-                second: op.clone(),
+                second: access.op,
             });
             return;
         }
+        let (range, write) = (access.range.clone(), access.write);
         for a in &b.history {
             let overlaps = a.range.start < range.end && range.start < a.range.end;
             if !overlaps || a.before(clock) || (!a.write && !write) {
@@ -247,14 +239,14 @@ impl Sim {
                 kind,
                 buffer: b.name.clone(),
                 first: a.op.clone(),
-                second: op.clone(),
+                second: access.op.clone(),
             });
         }
         if write {
             b.history
                 .retain(|a| !(a.before(clock) && range.start <= a.range.start && a.range.end <= range.end));
         }
-        b.history.push(Access { op: op.clone(), agent, seq, range, write });
+        b.history.push(access);
     }
 
     pub fn launch(
@@ -280,7 +272,7 @@ impl Sim {
         for d in accesses {
             let len = self.storage_len(d.buffer);
             let range = d.range.unwrap_or(0..len);
-            self.check(d.buffer, &op, agent, seq, &clock, range, d.write);
+            self.check(d.buffer, Access { op: op.clone(), agent, seq, range, write: d.write }, &clock);
         }
         if let Some(effect) = effect {
             let id = self.next_op;
@@ -344,6 +336,13 @@ impl Sim {
         self.now = self.now.max(t);
     }
 
+    pub fn host_knows_all(&mut self) {
+        self.host_syncs += 1;
+        for st in &self.streams {
+            self.host_clock.join(&st.clock);
+        }
+    }
+
     pub fn idle_time(&self) -> u64 {
         self.streams.iter().map(|s| s.tail).max().unwrap_or(0).max(self.now)
     }
@@ -352,7 +351,7 @@ impl Sim {
         let (op, seq) = self.host_op(name);
         let clock = self.host_clock.clone();
         let len = self.storage_len(buffer);
-        self.check(buffer, &op, 0, seq, &clock, 0..len, write);
+        self.check(buffer, Access { op, agent: 0, seq, range: 0..len, write }, &clock);
     }
 
     pub fn host_write(&mut self, buffer: usize, bytes: &[u8]) {
