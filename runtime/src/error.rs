@@ -62,6 +62,10 @@ pub enum Error {
         /// What is wrong and what to do instead.
         message: String,
     },
+
+    /// A derived type's fields do not describe its storage (see [`crate::storage`]).
+    #[error("{0}")]
+    Storage(Box<crate::storage::StorageError>),
 }
 
 /// Why a DLPack descriptor was refused. Each check of the import path has its own

@@ -23,6 +23,8 @@
 //! ```
 #![warn(missing_docs)]
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
 pub mod dtype;
 mod error;
@@ -30,7 +32,9 @@ mod handoff;
 pub mod mock;
 mod ordered;
 pub mod reaper;
+pub mod registry;
 pub mod stats;
+pub mod storage;
 mod stream;
 mod validate;
 

@@ -24,11 +24,9 @@ pub enum Access {
 }
 
 /// The facts a validated descriptor yields.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Checked {
     pub device: Device,
-    pub shape: Vec<i64>,
-    pub strides: Vec<i64>,
 }
 
 /// Checks a descriptor. `version` is `None` for the legacy ABI.
@@ -59,28 +57,28 @@ pub(crate) unsafe fn check(
         && tensor.ndim != 0
         && tensor.strides.is_null()
     {
-        {
-            return Err(ValidationError::StridesRequired {
-                major: v.major,
-                minor: v.minor,
-                ndim: tensor.ndim,
-            });
-        }
+        return Err(ValidationError::StridesRequired { major: v.major, minor: v.minor, ndim: tensor.ndim });
     }
     // SAFETY: ndim is within bounds and the caller vouches for the pointers.
     let view = unsafe { dlpark::tensor::TensorRef::from_raw(tensor) }.map_err(|e| from_dlpark(e, tensor))?;
-    let shape = view.shape().to_vec();
+    let shape = view.shape();
     let elements = view.num_elements();
     if view.num_bytes() > isize::MAX as usize {
-        return Err(ValidationError::ShapeOverflow { shape });
+        return Err(ValidationError::ShapeOverflow { shape: shape.to_vec() });
     }
-    let strides = view.strides_or_compact().map_err(|e| from_dlpark(e, tensor))?.into_owned();
-    let elem = tensor.dtype.element_size() as i128;
     if elements > 0 {
-        // The furthest element from the start, in elements, either way.
-        let span: i128 = shape.iter().zip(&strides).map(|(&d, &s)| (d as i128 - 1) * (s as i128).abs()).sum();
-        if (span + 1) * elem > isize::MAX as i128 {
-            return Err(ValidationError::ExtentOverflow { shape, strides, dtype: dtype::name(tensor.dtype) });
+        // The furthest element from the start, in elements, either way. Null strides
+        // (compact) span exactly the elements, already bounded above.
+        if let Some(strides) = view.strides() {
+            let span: i128 =
+                shape.iter().zip(strides).map(|(&d, &s)| (d as i128 - 1) * (s as i128).abs()).sum();
+            if (span + 1) * tensor.dtype.element_size() as i128 > isize::MAX as i128 {
+                return Err(ValidationError::ExtentOverflow {
+                    shape: shape.to_vec(),
+                    strides: strides.to_vec(),
+                    dtype: dtype::name(tensor.dtype),
+                });
+            }
         }
     }
     let data = tensor.data as usize;
@@ -104,7 +102,7 @@ pub(crate) unsafe fn check(
     if access == Access::Write && flags.contains(DlpackFlags::READ_ONLY) {
         return Err(ValidationError::ReadOnly);
     }
-    Ok(Checked { device, shape, strides })
+    Ok(Checked { device })
 }
 
 fn from_dlpark(e: DlparkError, tensor: &DLTensor) -> ValidationError {

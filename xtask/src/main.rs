@@ -4,7 +4,9 @@
 //! - `env`    print the environment variables the build and tests use, as `export` lines
 //! - `test`   setup, then `cargo fmt --check`, clippy (`-D warnings`) and every test
 //! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
+//! - `gpu-bundle`  build the GPU tests and benchmarks into `gpu-bundle/` with a `run.sh` (see bundle.rs)
 
+mod bundle;
 mod deps;
 
 use std::path::{Path, PathBuf};
@@ -22,8 +24,9 @@ fn main() -> ExitCode {
         }),
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root, &args[1..]),
+        Some("gpu-bundle") => bundle::gpu_bundle(&root, &args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <setup|env|test|demo> [args]");
+            eprintln!("usage: cargo xtask <setup|env|test|demo|gpu-bundle> [args]");
             return ExitCode::from(2);
         }
     };

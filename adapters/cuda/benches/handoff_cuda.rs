@@ -1,0 +1,122 @@
+//! Host cost of a hand-off on a real GPU (issue 3's benchmark; not a timed test).
+//!
+//! Median (and p10/p90) of 10,000 after 1,000 warm-up, in nanoseconds of host time:
+//! - `raw pair`: `cuEventRecord` + `cuStreamWaitEvent` through the driver, the floor;
+//! - `order`: the runtime's `order(producer, consumer)` (pooled event, record, wait);
+//! - `cross-stream`: `CudaTensor::export(consumer)` + `Handoff::import::<CudaTensor>()`;
+//! - `same-stream`: the same with the consumer on the producer's stream;
+//! - `drop (deferred)`: dropping the imported tensor (records the release event).
+//!
+//! Prints `SKIPPED: <reason>` and exits 0 without a CUDA device (1 when
+//! `HANDOFF_REQUIRE_GPU=1`). Run: `cargo bench -p handoff-cuda`, or the GPU bundle.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use cudarc::driver::sys;
+use handoff_cuda::{CudaTensor, stream_of};
+use handoff_runtime::{Export, order, reaper, stats};
+use std::time::Instant;
+
+const WARM: usize = 1_000;
+const N: usize = 10_000;
+
+struct Summary {
+    name: &'static str,
+    p10: f64,
+    median: f64,
+    p90: f64,
+}
+
+fn summarize(name: &'static str, mut ns: Vec<f64>) -> Summary {
+    let ns = ns.split_off(WARM.min(ns.len()));
+    let mut s = ns;
+    s.sort_by(f64::total_cmp);
+    let q = |f: f64| s[((s.len() - 1) as f64 * f) as usize];
+    Summary { name, p10: q(0.1), median: q(0.5), p90: q(0.9) }
+}
+
+fn time(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_nanos() as f64
+}
+
+fn main() {
+    let Some(g) = common::gpu("bench") else {
+        return;
+    };
+    let (p, c) = (g.ctx.new_stream().unwrap(), g.ctx.new_stream().unwrap());
+    let (ps, cs) = (stream_of(&p).unwrap(), stream_of(&c).unwrap());
+    let total = WARM + N;
+    let mut results = Vec::new();
+
+    // The floor: one raw record + wait pair.
+    let e = common::event();
+    let mut raw = Vec::with_capacity(total);
+    for _ in 0..total {
+        raw.push(time(|| {
+            // SAFETY: a live event and streams of the current (primary) context.
+            unsafe {
+                sys::cuEventRecord(e, p.cu_stream());
+                sys::cuStreamWaitEvent(c.cu_stream(), e, 0);
+            }
+        }));
+    }
+    results.push(summarize("raw cuEventRecord + cuStreamWaitEvent", raw));
+
+    let mut ord = Vec::with_capacity(total);
+    for _ in 0..total {
+        ord.push(time(|| {
+            order(Some(&ps), &cs).unwrap();
+        }));
+    }
+    results.push(summarize("runtime order() (pooled event, record, wait)", ord));
+
+    let before = stats::stats();
+    for (name, consumer) in [("cross-stream export + import", &cs), ("same-stream export + import", &ps)] {
+        let tensors: Vec<CudaTensor<f32>> = (0..total)
+            .map(|_| CudaTensor::new(p.alloc_zeros::<f32>(256).unwrap(), &[16, 16]).unwrap())
+            .collect();
+        p.synchronize().unwrap();
+        let mut times = Vec::with_capacity(total);
+        let mut held = Vec::with_capacity(total);
+        for x in tensors {
+            let mut y = None;
+            times.push(time(|| {
+                y = Some(x.export(consumer).unwrap().import::<CudaTensor<f32>>().unwrap());
+            }));
+            held.push(y);
+        }
+        results.push(summarize(name, times));
+        if std::ptr::eq(consumer, &cs) {
+            let mut drops = Vec::with_capacity(total);
+            for y in held {
+                drops.push(time(|| drop(y)));
+            }
+            results.push(summarize("drop of a cross-stream import (deferred release)", drops));
+        } else {
+            drop(held);
+        }
+        reaper::flush();
+    }
+    let d = stats::stats().since(&before);
+
+    println!("\nhandoff-cuda host cost, median of {N} after {WARM} warm-up (ns):");
+    println!("{:<52} {:>9} {:>9} {:>9}", "", "p10", "median", "p90");
+    for r in &results {
+        println!("{:<52} {:>9.0} {:>9.0} {:>9.0}", r.name, r.p10, r.median, r.p90);
+    }
+    let median =
+        |prefix: &str| results.iter().find(|r| r.name.starts_with(prefix)).map_or(f64::NAN, |r| r.median);
+    let (raw, cross, same) = (median("raw"), median("cross-stream"), median("same-stream"));
+    println!("cross-stream / raw pair: {:.2}x (target <= 1.5x)", cross / raw);
+    println!("same-stream: {same:.0} ns (target <= 200 ns)");
+    println!("counters over the two hand-off loops: {d}");
+    for r in &results {
+        println!("BENCH {}\t{:.0}\t{:.0}\t{:.0}", r.name, r.p10, r.median, r.p90);
+    }
+    assert!(d.host_syncs <= 2, "only the two reaper::flush() calls may sync: {d}");
+    p.synchronize().unwrap();
+    c.synchronize().unwrap();
+}

@@ -1,0 +1,81 @@
+"""Generates the StableHLO test programs of handoff-xla from JAX.
+
+Run with jax 0.11.2 (Python >= 3.12), from this directory:
+
+    python3.12 -m venv /tmp/venv-jax && /tmp/venv-jax/bin/pip install jax==0.11.2
+    /tmp/venv-jax/bin/python export.py
+
+The generated `.mlir` files (text) and `.mlirbc` file (bytecode) are committed, so
+builds and CI need no JAX. The Rust tests compute the expected values themselves.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import export
+
+jax.config.update("jax_platforms", "cpu")
+
+
+def gelu(x):
+    # tanh approximation, as jax.nn.gelu(approximate=True); the Rust tests use the same formula
+    return jax.nn.gelu(x, approximate=True)
+
+
+def gelu_scale(x):
+    return gelu(x) * 1.1 + 0.5
+
+
+def row_sum(x):
+    return jnp.sum(x, axis=1)
+
+
+def matmul(a, b):
+    return jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+
+
+def sum_and_max(x):
+    return jnp.sum(x), jnp.max(x), x * 2.0
+
+
+def layernorm_gelu(x, gamma, beta):
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean((xf - mean) ** 2, axis=-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + 1e-5) * gamma.astype(jnp.float32) + beta.astype(jnp.float32)
+    return gelu(y).astype(x.dtype)
+
+
+def spec(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def write_text(name, f, *args):
+    text = jax.jit(f).lower(*args).as_text()
+    with open(f"{name}.mlir", "w") as out:
+        out.write(text)
+    print(f"{name}.mlir: {len(text)} bytes")
+
+
+def main():
+    write_text("gelu_scale_f32_1024", gelu_scale, spec((1024,)))
+    write_text("gelu_scale_f32_4x8", gelu_scale, spec((4, 8)))
+    write_text("row_sum_f32_8x16", row_sum, spec((8, 16)))
+    write_text("matmul_f32_16x32x8", matmul, spec((16, 32)), spec((32, 8)))
+    write_text("sum_and_max_f32_64", sum_and_max, spec((64,)))
+    for n, d in [(64, 64), (256, 256), (1024, 1024)]:
+        for dt, tag in [(jnp.float32, "f32"), (jnp.bfloat16, "bf16")]:
+            write_text(f"layernorm_gelu_{tag}_{n}x{d}", layernorm_gelu, spec((n, d), dt), spec((d,), dt), spec((d,), dt))
+    # A large elementwise program to keep a device busy (GPU no-host-sync tests).
+    write_text("gelu_scale_f32_16m", gelu_scale, spec((16 * 1024 * 1024,)))
+    # The bytecode path: a portable StableHLO artifact (VHLO bytecode) from jax.export.
+    # One file per platform: a multi-platform export adds a platform-index argument.
+    for platform in ["cpu", "cuda"]:
+        exp = export.export(jax.jit(gelu_scale), platforms=[platform])(spec((4, 8)))
+        code = exp.mlir_module_serialized
+        with open(f"gelu_scale_f32_4x8_{platform}.mlirbc", "wb") as out:
+            out.write(code)
+        print(f"gelu_scale_f32_4x8_{platform}.mlirbc: {len(code)} bytes")
+
+
+if __name__ == "__main__":
+    main()

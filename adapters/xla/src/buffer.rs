@@ -1,0 +1,336 @@
+//! Device buffers and PJRT events (RAII: each destroyed exactly once).
+
+use crate::client::{Client, ClientInner, Device};
+use crate::dtype;
+use crate::error::{Result, XlaError};
+use crate::result::Api;
+use crate::sys::{self, slot};
+use handoff_runtime::dtype::{DataType, Element};
+use handoff_runtime::stats;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A PJRT event, destroyed on drop.
+pub struct Event {
+    api: Api,
+    raw: *mut sys::PJRT_Event,
+}
+
+// SAFETY: PJRT events are thread-safe handles.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// Takes ownership of a raw event (null gives `None`).
+    ///
+    /// # Safety
+    /// `raw` must be null or an owned event of `api`'s plugin.
+    pub unsafe fn from_raw(api: Api, raw: *mut sys::PJRT_Event) -> Option<Event> {
+        (!raw.is_null()).then_some(Event { api, raw })
+    }
+
+    pub(crate) fn raw_handle(&self) -> *mut sys::PJRT_Event {
+        self.raw
+    }
+
+    /// Whether it is ready. Never blocks.
+    pub fn is_ready(&self) -> Result<bool> {
+        // SAFETY: live until drop.
+        unsafe { self.api.event_is_ready(self.raw) }
+    }
+
+    /// Blocks the host until it is ready (a counted host sync) and returns its status.
+    pub fn wait(&self) -> Result<()> {
+        // SAFETY: live until drop.
+        stats::host_sync(|| unsafe { self.api.event_await(self.raw) })
+    }
+
+    /// Its status, if ready: `None` while pending. Never blocks.
+    pub fn status(&self) -> Result<Option<Result<()>>> {
+        if !self.is_ready()? {
+            return Ok(None);
+        }
+        // SAFETY: live and ready.
+        Ok(Some(unsafe { self.api.event_error(self.raw) }))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: owned, destroyed once.
+        if let Err(e) = unsafe { self.api.event_destroy(self.raw) } {
+            eprintln!("handoff-xla: destroying a PJRT event failed: {e}");
+        }
+    }
+}
+
+/// Whether a view's foreign memory has been given back by PJRT (its
+/// `on_delete_callback` ran and the owner was released).
+#[derive(Clone, Debug, Default)]
+pub struct ViewWatch(pub(crate) Arc<AtomicBool>);
+
+impl ViewWatch {
+    /// Whether PJRT has called `on_delete_callback` and the owner was released.
+    pub fn is_released(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) struct BufferInner {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) raw: *mut sys::PJRT_Buffer,
+    pub(crate) device: usize,
+    pub(crate) dtype: DataType,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) copied: bool,
+    pub(crate) view: Option<ViewWatch>,
+}
+
+// SAFETY: PJRT buffers are thread-safe handles.
+unsafe impl Send for BufferInner {}
+// SAFETY: as above.
+unsafe impl Sync for BufferInner {}
+
+impl Drop for BufferInner {
+    fn drop(&mut self) {
+        // SAFETY: owned, destroyed once; exported hand-offs hold this Arc, so their
+        // external references were all given back before.
+        if let Err(e) = unsafe { self.client.api().buffer_destroy(self.raw) } {
+            eprintln!("handoff-xla: destroying a PJRT buffer failed: {e}");
+        }
+    }
+}
+
+/// A PJRT buffer on one device. Cheap to clone (shared); destroyed when the last
+/// clone, and the last hand-off exported from it, are gone.
+///
+/// ```no_run
+/// use handoff_xla::Client;
+/// use handoff_runtime::dtype::DataType;
+/// let client = Client::from_env()?;
+/// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32, 2.0, 3.0], &[3])?;
+/// assert_eq!(x.dtype(), DataType::F32);
+/// assert_eq!(x.to_vec::<f32>()?, [1.0, 2.0, 3.0]);
+/// # Ok::<(), handoff_xla::XlaError>(())
+/// ```
+#[derive(Clone)]
+pub struct Buffer {
+    pub(crate) inner: Arc<BufferInner>,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Buffer({}{:?} on {:?})",
+            handoff_runtime::dtype::name(self.dtype()),
+            self.shape(),
+            self.device()
+        )
+    }
+}
+
+impl Buffer {
+    /// Takes ownership of a raw buffer of `client`.
+    ///
+    /// # Safety
+    /// `raw` must be an owned, live buffer of `client`.
+    pub(crate) unsafe fn from_raw(
+        client: &Arc<ClientInner>,
+        raw: *mut sys::PJRT_Buffer,
+        copied: bool,
+        view: Option<ViewWatch>,
+    ) -> Result<Buffer> {
+        let api = client.api();
+        let info = || -> Result<(DataType, Vec<i64>, usize)> {
+            // SAFETY: live buffer (forwarded).
+            let (t, shape) = unsafe { api.buffer_shape(raw)? };
+            let dtype = dtype::from_pjrt(t).ok_or_else(|| {
+                XlaError::invalid("PJRT_Buffer_ElementType", t, "this element type has no DLPack code")
+            })?;
+            // SAFETY: live buffer; the device lives as long as the client.
+            let dev = unsafe { api.buffer_ptr_out(raw, slot::BUFFER_DEVICE, "PJRT_Buffer_Device")? };
+            let index = client.devices.iter().position(|d| d.raw as *mut _ == dev).unwrap_or(0);
+            Ok((dtype, shape, index))
+        };
+        match info() {
+            Ok((dtype, shape, device)) => Ok(Buffer {
+                inner: Arc::new(BufferInner {
+                    client: client.clone(),
+                    raw,
+                    device,
+                    dtype,
+                    shape,
+                    copied,
+                    view,
+                }),
+            }),
+            Err(e) => {
+                // SAFETY: owned, destroyed once on this error path.
+                let _ = unsafe { api.buffer_destroy(raw) };
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn api(&self) -> Api {
+        self.inner.client.api()
+    }
+
+    /// The raw handle (owned by `self`).
+    pub fn raw(&self) -> *mut sys::PJRT_Buffer {
+        self.inner.raw
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DataType {
+        self.inner.dtype
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[i64] {
+        &self.inner.shape
+    }
+
+    /// The number of elements.
+    pub fn num_elements(&self) -> usize {
+        self.inner.shape.iter().map(|&d| d as usize).product()
+    }
+
+    /// The bytes of the dense array.
+    pub fn num_bytes(&self) -> usize {
+        (self.num_elements() * self.dtype().bits as usize).div_ceil(8)
+    }
+
+    /// The device it is on.
+    pub fn device(&self) -> Device {
+        Device { client: self.inner.client.clone(), index: self.inner.device }
+    }
+
+    /// The client.
+    pub fn client(&self) -> Client {
+        Client { inner: self.inner.client.clone() }
+    }
+
+    /// Whether the buffer was made from a copy of foreign memory (an import that
+    /// asked for one); its hand-offs then carry DLPack `IS_COPIED`.
+    pub fn is_copied(&self) -> bool {
+        self.inner.copied
+    }
+
+    /// For a view of foreign memory: a handle telling whether PJRT gave it back.
+    pub fn view_watch(&self) -> Option<ViewWatch> {
+        self.inner.view.clone()
+    }
+
+    /// The buffer's ready event (the caller owns it).
+    pub fn ready_event(&self) -> Result<Event> {
+        // SAFETY: live buffer; the returned event is ours.
+        let raw = unsafe {
+            self.api().buffer_ptr_out(self.raw(), slot::BUFFER_READY_EVENT, "PJRT_Buffer_ReadyEvent")?
+        };
+        // SAFETY: an owned event of this plugin.
+        unsafe { Event::from_raw(self.api(), raw as *mut sys::PJRT_Event) }.ok_or_else(|| {
+            XlaError::invalid("PJRT_Buffer_ReadyEvent.event", "null", "the plugin returned no event")
+        })
+    }
+
+    /// Whether the buffer's data is ready. Never blocks.
+    pub fn is_ready(&self) -> Result<bool> {
+        self.ready_event()?.is_ready()
+    }
+
+    /// Blocks the host until the data is ready (a counted host sync).
+    pub fn block_until_ready(&self) -> Result<()> {
+        self.ready_event()?.wait()
+    }
+
+    /// PJRT's opaque device pointer of the data. It stays valid only while an
+    /// external reference is held (an exported hand-off holds one).
+    pub fn device_pointer(&self) -> Result<*mut std::ffi::c_void> {
+        // SAFETY: live buffer.
+        unsafe {
+            self.api().buffer_ptr_out(
+                self.raw(),
+                slot::BUFFER_OPAQUE_DEVICE_MEMORY_DATA_POINTER,
+                "PJRT_Buffer_OpaqueDeviceMemoryDataPointer",
+            )
+        }
+    }
+
+    /// The bytes the buffer takes on its device.
+    pub fn on_device_size(&self) -> Result<usize> {
+        // SAFETY: live buffer.
+        unsafe { self.api().buffer_on_device_size(self.raw()) }
+    }
+
+    /// Copies the data to the host (waits for it: a counted host sync).
+    pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.on_device_size()?.max(self.num_bytes())];
+        // SAFETY: live buffer; `out` outlives the wait below.
+        let raw = unsafe { self.api().buffer_to_host(self.raw(), &mut out)? };
+        // SAFETY: an owned event of this plugin.
+        if let Some(ev) = unsafe { Event::from_raw(self.api(), raw) } {
+            ev.wait()?;
+        }
+        out.truncate(self.num_bytes());
+        Ok(out)
+    }
+
+    /// Copies the data to a host vector of `T` (a counted host sync).
+    pub fn to_vec<T: Element + Copy + Default>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(XlaError::invalid(
+                "to_vec element type",
+                handoff_runtime::dtype::name(T::DTYPE),
+                format!("the buffer holds {}", handoff_runtime::dtype::name(self.dtype())),
+            ));
+        }
+        let bytes = self.to_host_bytes()?;
+        let mut out = vec![T::default(); self.num_elements()];
+        let n = std::mem::size_of_val(out.as_slice()).min(bytes.len());
+        // SAFETY: `out` has room for `n` bytes; T is plain data of the buffer's type.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr() as *mut u8, n) };
+        Ok(out)
+    }
+}
+
+impl Client {
+    /// Copies a host array to a new buffer on `device` (waits for the copy to be
+    /// done with `data`: a counted host sync).
+    pub fn buffer_from_host<T: Element + Copy>(
+        &self,
+        device: &Device,
+        data: &[T],
+        shape: &[i64],
+    ) -> Result<Buffer> {
+        let dtype = T::DTYPE;
+        let elements: i64 = shape.iter().product();
+        if shape.iter().any(|&d| d < 0) || elements as usize != data.len() {
+            return Err(XlaError::invalid(
+                "shape",
+                format!("{shape:?}"),
+                format!("it must be non-negative and hold the {} elements given", data.len()),
+            ));
+        }
+        let t = dtype::to_pjrt(dtype).ok_or_else(|| {
+            XlaError::invalid("dtype", handoff_runtime::dtype::name(dtype), "PJRT has no buffer type for it")
+        })?;
+        let api = self.inner.api();
+        // SAFETY: live client and device; `data` holds the dense array and outlives
+        // the wait for the done event below.
+        let (raw, done) = unsafe {
+            api.client_buffer_from_host(self.inner.raw, device.raw(), data.as_ptr() as *const _, t, shape)?
+        };
+        // SAFETY: owned event of this plugin.
+        let done = unsafe { Event::from_raw(api, done) };
+        if let Some(Err(e)) = done.map(|d| d.wait()) {
+            // SAFETY: owned buffer, destroyed once on this error path.
+            let _ = unsafe { api.buffer_destroy(raw) };
+            return Err(e);
+        }
+        // SAFETY: an owned, live buffer of this client.
+        unsafe { Buffer::from_raw(&self.inner, raw, false, None) }
+    }
+}

@@ -1,0 +1,183 @@
+//! The errors of handoff-xla. Every variant names the field or call at fault and
+//! the value that was refused.
+
+use std::path::PathBuf;
+
+/// A `Result` with [`XlaError`].
+pub type Result<T, E = XlaError> = std::result::Result<T, E>;
+
+/// A `PJRT_Error_Code` (abseil status codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCode(pub i32);
+
+impl ErrorCode {
+    /// `INVALID_ARGUMENT`.
+    pub const INVALID_ARGUMENT: ErrorCode = ErrorCode(3);
+    /// `UNIMPLEMENTED`.
+    pub const UNIMPLEMENTED: ErrorCode = ErrorCode(12);
+
+    /// The code's name, as abseil spells it.
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            0 => "OK",
+            1 => "CANCELLED",
+            2 => "UNKNOWN",
+            3 => "INVALID_ARGUMENT",
+            4 => "DEADLINE_EXCEEDED",
+            5 => "NOT_FOUND",
+            6 => "ALREADY_EXISTS",
+            7 => "PERMISSION_DENIED",
+            8 => "RESOURCE_EXHAUSTED",
+            9 => "FAILED_PRECONDITION",
+            10 => "ABORTED",
+            11 => "OUT_OF_RANGE",
+            12 => "UNIMPLEMENTED",
+            13 => "INTERNAL",
+            14 => "UNAVAILABLE",
+            15 => "DATA_LOSS",
+            16 => "UNAUTHENTICATED",
+            _ => "UNRECOGNIZED",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.name(), self.0)
+    }
+}
+
+/// Everything that can go wrong in handoff-xla.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum XlaError {
+    /// A PJRT call returned an error (its message and code; the error was destroyed).
+    #[error("{call} failed with {code}: {message}")]
+    Pjrt {
+        /// The PJRT function.
+        call: &'static str,
+        /// The status code.
+        code: ErrorCode,
+        /// The plugin's message.
+        message: String,
+    },
+
+    /// `HANDOFF_PJRT_PLUGIN` is not set.
+    #[error(
+        "HANDOFF_PJRT_PLUGIN is not set: point it at a PJRT plugin (.so), e.g. \
+         `cargo xtask setup` fetches the CPU plugin to .deps/pjrt/pjrt_c_api_cpu_plugin.so \
+         and `cargo xtask env` prints the variable"
+    )]
+    PluginEnvUnset,
+
+    /// The plugin file could not be loaded.
+    #[error("cannot load the PJRT plugin at {path}: {reason}")]
+    PluginLoad {
+        /// The path given.
+        path: PathBuf,
+        /// Why (missing file, not a shared library, no `GetPjrtApi`).
+        reason: String,
+    },
+
+    /// The plugin speaks an API version these bindings cannot use.
+    #[error(
+        "the PJRT plugin at {path} reports C API {major}.{minor} with a {api_size}-byte PJRT_Api; \
+         handoff-xla binds {bound_major}.{bound_minor} and needs a plugin at least as new"
+    )]
+    ApiVersion {
+        /// The plugin.
+        path: PathBuf,
+        /// Its major version.
+        major: i32,
+        /// Its minor version.
+        minor: i32,
+        /// Its `PJRT_Api.struct_size`.
+        api_size: usize,
+        /// The bound major version.
+        bound_major: i32,
+        /// The bound minor version.
+        bound_minor: i32,
+    },
+
+    /// No JAX CUDA plugin was found.
+    #[error(
+        "no JAX CUDA PJRT plugin found (looked in: {searched}); install jax-cuda13-plugin or set HANDOFF_PJRT_PLUGIN"
+    )]
+    NoCudaPlugin {
+        /// The places searched.
+        searched: String,
+    },
+
+    /// An argument or value refused before calling PJRT.
+    #[error("{field} is {value}: {reason}")]
+    Invalid {
+        /// The field or argument.
+        field: String,
+        /// Its value.
+        value: String,
+        /// Why it is refused and what to do instead.
+        reason: String,
+    },
+
+    /// An execution input does not match the program.
+    #[error("input {index} of {program}: {what} is {got}, the program takes {expected}")]
+    InputMismatch {
+        /// The program's name.
+        program: String,
+        /// The input position.
+        index: usize,
+        /// `dtype` or `shape`.
+        what: &'static str,
+        /// The program's parameter.
+        expected: String,
+        /// The input given.
+        got: String,
+    },
+
+    /// The plugin lacks an extension this path needs.
+    #[error("the PJRT plugin has no {extension} extension, which {needed_for} needs")]
+    MissingExtension {
+        /// The extension.
+        extension: &'static str,
+        /// The operation.
+        needed_for: &'static str,
+    },
+
+    /// A runtime (hand-off) error.
+    #[error(transparent)]
+    Runtime(Box<handoff_runtime::Error>),
+}
+
+impl XlaError {
+    pub(crate) fn invalid(field: impl Into<String>, value: impl ToString, reason: impl Into<String>) -> Self {
+        XlaError::Invalid { field: field.into(), value: value.to_string(), reason: reason.into() }
+    }
+
+    /// The PJRT status code, for [`XlaError::Pjrt`].
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            XlaError::Pjrt { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+impl From<handoff_runtime::Error> for XlaError {
+    fn from(e: handoff_runtime::Error) -> Self {
+        XlaError::Runtime(Box::new(e))
+    }
+}
+
+impl From<XlaError> for handoff_runtime::Error {
+    fn from(e: XlaError) -> Self {
+        match e {
+            XlaError::Pjrt { call, code, message } => handoff_runtime::Error::Backend {
+                backend: "pjrt",
+                call,
+                message: format!("{code}: {message}"),
+            },
+            XlaError::Runtime(e) => *e,
+            other => handoff_runtime::Error::Adapter { adapter: "xla", message: other.to_string() },
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! Zero-copy exchange between PJRT buffers and [`Handoff`]s.
+//!
+//! - **Import** ([`Client::import`]): a `PJRT_Client_CreateViewOfDeviceBuffer` of the
+//!   hand-off's memory. The hand-off (and so the producer's memory) is kept until
+//!   PJRT calls `on_delete_callback`. On CUDA the producer is ordered before the
+//!   device's `get_stream_for_external_ready_events` stream (no host wait) and that
+//!   stream is passed as the view's `stream`, as JAX does. On CPU, memory not aligned
+//!   to 64 bytes is refused unless a copy is asked for.
+//! - **Export** ([`Buffer::export`]): `IncreaseExternalReferenceCount` +
+//!   `OpaqueDeviceMemoryDataPointer`; on CUDA the consumer stream waits for the buffer
+//!   with the stream extension's `wait_until_buffer_ready_on_stream` (no host wait);
+//!   on CPU the buffer's ready event is checked, and awaited (a counted host sync)
+//!   only if still pending. The external reference is given back only after the
+//!   consumer's stream work has completed (the reaper).
+
+use crate::buffer::{Buffer, BufferInner, ViewWatch};
+use crate::client::{Client, Device};
+use crate::dtype;
+use crate::error::{Result, XlaError};
+use handoff_runtime::stats::{self, Counter};
+use handoff_runtime::{Handoff, Ready, Release, Stream, TensorDesc};
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// The alignment XLA's CPU client needs for a zero-copy view of host memory.
+pub const CPU_ALIGNMENT: usize = 64;
+
+/// Options of [`Client::import_with`].
+///
+/// ```
+/// let o = handoff_xla::ImportOptions::default().allow_copy();
+/// assert!(o.allow_copy);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ImportOptions {
+    /// Copy host memory that XLA cannot view (not 64-byte aligned) instead of
+    /// refusing it. The copy is counted in `stats` and marked `IS_COPIED`.
+    pub allow_copy: bool,
+    /// The device to view the memory on, by index (default: the device the
+    /// hand-off names; on CPU device 0).
+    pub device: Option<usize>,
+}
+
+impl ImportOptions {
+    /// Allows a copy when a zero-copy view is impossible.
+    pub fn allow_copy(mut self) -> Self {
+        self.allow_copy = true;
+        self
+    }
+
+    /// Views the memory on the device at `index`.
+    pub fn on_device(mut self, index: usize) -> Self {
+        self.device = Some(index);
+        self
+    }
+}
+
+/// Host memory aligned to [`CPU_ALIGNMENT`], owned by a copied import.
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: plain owned memory.
+unsafe impl Send for Aligned {}
+
+impl Aligned {
+    fn copy_of(src: *const u8, len: usize) -> Result<Aligned> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), CPU_ALIGNMENT)
+            .map_err(|e| XlaError::invalid("copy size", len, e.to_string()))?;
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(XlaError::invalid("copy size", len, "the allocation failed"));
+        }
+        // SAFETY: `src` holds `len` readable bytes (a validated host hand-off) and
+        // `ptr` has room for them; they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src, ptr, len) };
+        stats::count(Counter::Copies, 1);
+        stats::count(Counter::BytesCopied, len as u64);
+        Ok(Aligned { ptr, layout })
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `copy_of`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+struct OnDelete {
+    keep_alive: Option<Box<dyn Send>>,
+    watch: ViewWatch,
+}
+
+/// PJRT's `on_delete_callback`: releases the owner of the viewed memory. Runs on
+/// whatever thread PJRT deletes the buffer on; never unwinds.
+unsafe extern "C" fn on_delete(_data: *mut c_void, user_arg: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if user_arg.is_null() {
+            return;
+        }
+        // SAFETY: `user_arg` is the `Box<OnDelete>` leaked by `Client::view`, and PJRT
+        // calls this exactly once.
+        let mut ctx = unsafe { Box::from_raw(user_arg as *mut OnDelete) };
+        drop(ctx.keep_alive.take());
+        ctx.watch.0.store(true, Ordering::SeqCst);
+    }));
+}
+
+impl Client {
+    /// The stream a producer must make its data ready on before XLA reads it on
+    /// `device` (CUDA: the stream extension's `get_stream_for_external_ready_events`).
+    /// Export a value to this stream to hand it to [`Client::import`] with no extra
+    /// wait. On CPU it is the host stream.
+    pub fn ready_stream(&self, device: &Device) -> Result<Stream> {
+        let Some(ext) = self.plugin().stream_extension() else { return Ok(Stream::host()) };
+        // SAFETY: this plugin's stream extension and a live device.
+        let raw = unsafe { self.inner.api().stream_for_external_ready_events(ext, device.raw())? };
+        cuda_stream(device.ordinal(), raw as u64)
+    }
+
+    /// Imports a hand-off as a zero-copy PJRT buffer (see the module docs).
+    ///
+    /// ```no_run
+    /// use handoff_xla::Client;
+    /// use handoff_runtime::{Device, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType};
+    /// #[repr(align(64))]
+    /// struct Block([f32; 16]);
+    /// let client = Client::from_env()?;
+    /// let block = Box::new(Block([1.0; 16]));
+    /// let h = Handoff::with_keep_alive(block, |b| {
+    ///     Ok(TensorDesc::new(b.0.as_ptr() as *mut _, Device::Host, DataType::F32, &[16][..]))
+    /// }, &Stream::host(), Ready::Elided, Release::AfterConsumer)?;
+    /// let x = client.import(h)?; // a view: no copy
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn import(&self, handoff: Handoff) -> Result<Buffer> {
+        self.import_with(handoff, ImportOptions::default())
+    }
+
+    /// Imports a hand-off, with options.
+    pub fn import_with(&self, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
+        let dtype = handoff.dtype();
+        let t = dtype::to_pjrt(dtype).ok_or_else(|| {
+            XlaError::invalid(
+                "hand-off dtype",
+                handoff_runtime::dtype::name(dtype),
+                "PJRT has no buffer type for it",
+            )
+        })?;
+        if !handoff.is_contiguous() {
+            return Err(XlaError::invalid(
+                "hand-off strides",
+                format!("{:?} for shape {:?}", handoff.strides(), handoff.shape()),
+                "XLA views take compact row-major memory only; make the tensor contiguous first",
+            ));
+        }
+        let shape = handoff.shape().to_vec();
+        let device = match (handoff.device(), options.device) {
+            (_, Some(i)) => self.device(i)?,
+            (handoff_runtime::Device::Host, None) => self.device(0)?,
+            (handoff_runtime::Device::Cuda(n), None) => self.device_by_ordinal(n)?,
+            (other, None) => {
+                return Err(XlaError::invalid(
+                    "hand-off device",
+                    other,
+                    "XLA takes host and CUDA memory only",
+                ));
+            }
+        };
+        let want = device.handoff_device();
+        if handoff.device() != want {
+            return Err(XlaError::from(handoff_runtime::Error::CrossDevice {
+                from: handoff.device(),
+                to: want,
+            }));
+        }
+        let data = handoff.data_ptr();
+        if self.is_gpu() {
+            let ready = self.ready_stream(&device)?;
+            // The producer made the data ready on the hand-off's consumer stream: order
+            // XLA's ready stream after it (nothing at all when they are the same).
+            handoff_runtime::order(Some(handoff.consumer_stream()), &ready)?;
+            let raw = ready.raw() as isize;
+            // SAFETY: the hand-off is validated device memory of `device`, compact, of
+            // `shape` and `dtype`; it is kept alive until on_delete.
+            return unsafe { self.view(&device, data as *mut c_void, t, &shape, raw, handoff, false) };
+        }
+        // Host memory for the CPU client: no device work to order.
+        let misaligned = !(data as usize).is_multiple_of(CPU_ALIGNMENT);
+        if !misaligned {
+            // SAFETY: as above, for host memory; stream must be 0 on CPU.
+            return unsafe { self.view(&device, data as *mut c_void, t, &shape, 0, handoff, false) };
+        }
+        if !options.allow_copy {
+            return Err(XlaError::invalid(
+                "hand-off data pointer",
+                format!("{data:p}"),
+                format!(
+                    "XLA's CPU client views host memory only when it is {CPU_ALIGNMENT}-byte aligned \
+                     (this address is {} bytes past a boundary); align the allocation, or import with \
+                     ImportOptions::allow_copy() to copy it",
+                    data as usize % CPU_ALIGNMENT
+                ),
+            ));
+        }
+        let copy = Aligned::copy_of(data, handoff.num_bytes())?;
+        drop(handoff);
+        let ptr = copy.ptr as *mut c_void;
+        // SAFETY: `copy` owns `num_bytes` aligned bytes holding the array.
+        unsafe { self.view(&device, ptr, t, &shape, 0, copy, true) }
+    }
+
+    /// Creates a zero-copy buffer over foreign memory, keeping `keep_alive` until
+    /// PJRT's `on_delete_callback` (the lower-level form of [`Client::import`]).
+    ///
+    /// # Safety
+    /// `data` must be memory of `device` holding a compact row-major array of
+    /// `shape` and PJRT type `pjrt_type`, valid while `keep_alive` lives, with its
+    /// writes ordered before work on `stream` (CUDA) or complete (CPU, `stream` 0).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn view<K: Send + 'static>(
+        &self,
+        device: &Device,
+        data: *mut c_void,
+        pjrt_type: std::ffi::c_int,
+        shape: &[i64],
+        stream: isize,
+        keep_alive: K,
+        copied: bool,
+    ) -> Result<Buffer> {
+        let watch = ViewWatch::default();
+        let ctx = Box::into_raw(Box::new(OnDelete {
+            keep_alive: Some(Box::new(keep_alive)),
+            watch: watch.clone(),
+        }));
+        // SAFETY: forwarded from the caller; `ctx` is handed to the callback.
+        let made = unsafe {
+            self.inner.api().client_create_view(
+                self.inner.raw,
+                device.raw(),
+                data,
+                pjrt_type,
+                shape,
+                stream,
+                on_delete,
+                ctx as *mut c_void,
+            )
+        };
+        match made {
+            // SAFETY: an owned buffer of this client.
+            Ok(raw) => unsafe { Buffer::from_raw(&self.inner, raw, copied, Some(watch)) },
+            Err(e) => {
+                // SAFETY: on error PJRT did not take `ctx`: it is still ours, freed once.
+                drop(unsafe { Box::from_raw(ctx) });
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The keep-alive of an exported buffer: an external reference, given back on drop.
+struct ExternalRef {
+    buffer: Arc<BufferInner>,
+}
+
+impl Drop for ExternalRef {
+    fn drop(&mut self) {
+        // SAFETY: the reference was increased in `Buffer::export`, and the buffer is
+        // alive (this Arc), so the decrease matches it exactly once.
+        if let Err(e) = unsafe { self.buffer.client.api().buffer_external_reference(self.buffer.raw, false) }
+        {
+            eprintln!("handoff-xla: giving back an external reference failed: {e}");
+        }
+    }
+}
+
+impl Buffer {
+    /// Exports the buffer as a zero-copy [`Handoff`] made ready on `consumer` (see
+    /// the module docs). The buffer's memory is kept (an external reference and a
+    /// share of the buffer) until the consumer's queued work is done.
+    ///
+    /// ```no_run
+    /// use handoff_runtime::Stream;
+    /// let client = handoff_xla::Client::from_env()?;
+    /// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32, 2.0], &[2])?;
+    /// let h = x.export(&Stream::host())?;
+    /// assert_eq!(h.data_ptr() as *mut _, x.device_pointer()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn export(&self, consumer: &Stream) -> handoff_runtime::Result<Handoff> {
+        let ready = self.ready_on(consumer)?;
+        let api = self.api();
+        // SAFETY: live buffer; matched by `ExternalRef`'s drop.
+        unsafe { api.buffer_external_reference(self.raw(), true) }?;
+        let keep = ExternalRef { buffer: self.inner.clone() };
+        let data = self.device_pointer()?;
+        let device = self.device().handoff_device();
+        let (dtype, shape, copied) = (self.dtype(), self.shape().to_vec(), self.is_copied());
+        Handoff::with_keep_alive(
+            keep,
+            move |_| {
+                let mut d = TensorDesc::new(data, device, dtype, shape);
+                d.is_copied = copied;
+                Ok(d)
+            },
+            consumer,
+            ready,
+            Release::AfterConsumer,
+        )
+    }
+
+    /// Makes the buffer's data visible to work enqueued on `consumer` from now on.
+    /// CUDA: a stream wait (no host wait). CPU (`consumer` the host): nothing if the
+    /// data is ready, else a counted host wait.
+    pub fn ready_on(&self, consumer: &Stream) -> Result<Ready> {
+        let api = self.api();
+        match self.client().plugin().stream_extension() {
+            Some(ext) => {
+                let raw = consumer_raw(consumer, &self.device())?;
+                // SAFETY: this plugin's extension, a live buffer and a stream of its device.
+                unsafe { api.wait_until_buffer_ready_on_stream(ext, self.raw(), raw as isize)? };
+                stats::count(Counter::WaitsEnqueued, 1);
+                Ok(Ready::Waited)
+            }
+            None => {
+                if !consumer.is_host() {
+                    return Err(XlaError::from(handoff_runtime::Error::CrossDevice {
+                        from: handoff_runtime::Device::Host,
+                        to: consumer.device(),
+                    }));
+                }
+                let ev = self.ready_event()?;
+                if ev.is_ready()? {
+                    stats::count(Counter::WaitsElided, 1);
+                    // SAFETY: live and ready.
+                    unsafe { api.event_error(ev_raw(&ev)) }?;
+                    Ok(Ready::Elided)
+                } else {
+                    ev.wait()?;
+                    Ok(Ready::HostSynced)
+                }
+            }
+        }
+    }
+}
+
+fn ev_raw(ev: &crate::buffer::Event) -> *mut crate::sys::PJRT_Event {
+    ev.raw_handle()
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_stream(ordinal: u32, raw: u64) -> Result<Stream> {
+    Ok(handoff_runtime::cuda::stream(ordinal, raw)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_stream(ordinal: u32, raw: u64) -> Result<Stream> {
+    Err(XlaError::invalid(
+        "CUDA stream",
+        format!("cuda:{ordinal} {raw:#x}"),
+        "handoff-xla was built without its `cuda` feature, which GPU hand-offs need",
+    ))
+}
+
+#[cfg(feature = "cuda")]
+fn consumer_raw(consumer: &Stream, device: &Device) -> Result<u64> {
+    match handoff_runtime::cuda::raw_stream(consumer) {
+        Some((ordinal, raw)) if ordinal == device.ordinal() => Ok(raw),
+        _ => Err(XlaError::from(handoff_runtime::Error::CrossDevice {
+            from: device.handoff_device(),
+            to: consumer.device(),
+        })),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn consumer_raw(consumer: &Stream, device: &Device) -> Result<u64> {
+    Err(XlaError::invalid(
+        "consumer stream",
+        format!("{consumer:?}"),
+        format!("exporting from {device:?} needs handoff-xla's `cuda` feature"),
+    ))
+}

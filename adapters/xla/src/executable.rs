@@ -1,0 +1,296 @@
+//! Programs (StableHLO text or bytecode), compilation and execution.
+
+use crate::buffer::{Buffer, Event};
+use crate::client::{Client, ClientInner, Device};
+use crate::dtype;
+use crate::error::{Result, XlaError};
+use crate::hlo::{self, ArraySpec};
+use crate::sys;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A StableHLO program, as MLIR text or bytecode (PJRT's `mlir` format takes both).
+///
+/// ```
+/// let p = handoff_xla::Program::text("module @m { func.func public @main() { return } }");
+/// assert!(!p.is_bytecode());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Program {
+    code: Vec<u8>,
+    name: String,
+}
+
+const MLIR_BYTECODE_MAGIC: &[u8] = b"ML\xefR";
+
+impl Program {
+    /// StableHLO (MLIR) text.
+    pub fn text(text: impl Into<String>) -> Program {
+        let code = text.into().into_bytes();
+        let name = module_name(&code).unwrap_or_else(|| "module".into());
+        Program { code, name }
+    }
+
+    /// MLIR bytecode (such as `jax.export`'s serialized StableHLO).
+    pub fn bytecode(bytes: impl Into<Vec<u8>>) -> Program {
+        Program { code: bytes.into(), name: "bytecode module".into() }
+    }
+
+    /// Reads a `.mlir` (text) or `.mlirbc` (bytecode) file; bytecode is recognized by
+    /// its magic number.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Program> {
+        let path = path.as_ref();
+        let code = std::fs::read(path)
+            .map_err(|e| XlaError::invalid("program path", path.display(), e.to_string()))?;
+        let mut p = if code.starts_with(MLIR_BYTECODE_MAGIC) {
+            Program::bytecode(code)
+        } else {
+            Program::text(String::from_utf8(code).map_err(|e| {
+                XlaError::invalid(
+                    "program path",
+                    path.display(),
+                    format!("neither MLIR bytecode nor UTF-8 text: {e}"),
+                )
+            })?)
+        };
+        if let Some(stem) = path.file_stem() {
+            p.name = stem.to_string_lossy().into_owned();
+        }
+        Ok(p)
+    }
+
+    /// Whether it is MLIR bytecode.
+    pub fn is_bytecode(&self) -> bool {
+        self.code.starts_with(MLIR_BYTECODE_MAGIC)
+    }
+
+    /// The program's name (its module name or file stem).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The code.
+    pub fn code(&self) -> &[u8] {
+        &self.code
+    }
+}
+
+fn module_name(code: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(code).ok()?;
+    let rest = &text[text.find("module @")? + 8..];
+    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))?;
+    Some(rest[..end].to_string())
+}
+
+/// Options of [`Client::compile_with`].
+///
+/// ```
+/// let opts = handoff_xla::CompileOptions::default();
+/// assert_eq!(opts.encode(), [0x1a, 0x04, 0x20, 0x01, 0x28, 0x01]);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct CompileOptions {
+    /// Compile a portable executable for this device (by index in the client's
+    /// devices) and execute there. `None`: the default device assignment (device 0).
+    pub device: Option<usize>,
+}
+
+impl CompileOptions {
+    /// The serialized `CompileOptionsProto` (one replica, one partition).
+    pub fn encode(&self) -> Vec<u8> {
+        hlo::compile_options(self.device.map(|d| d as i64))
+    }
+}
+
+/// A compiled, loaded program. Thread-safe: several threads may execute it at once.
+pub struct Executable {
+    client: Arc<ClientInner>,
+    raw: *mut sys::PJRT_LoadedExecutable,
+    name: String,
+    parameters: Option<Vec<ArraySpec>>,
+    outputs: Vec<ArraySpec>,
+    device: Option<usize>,
+}
+
+// SAFETY: PJRT loaded executables are thread-safe handles.
+unsafe impl Send for Executable {}
+// SAFETY: as above.
+unsafe impl Sync for Executable {}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        // SAFETY: owned, destroyed once.
+        if let Err(e) = unsafe { self.client.api().loaded_executable_destroy(self.raw) } {
+            eprintln!("handoff-xla: destroying a PJRT executable failed: {e}");
+        }
+    }
+}
+
+impl std::fmt::Debug for Executable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executable")
+            .field("name", &self.name)
+            .field("parameters", &self.parameters)
+            .field("outputs", &self.outputs)
+            .finish()
+    }
+}
+
+impl Client {
+    /// Compiles a program with default options.
+    ///
+    /// ```no_run
+    /// use handoff_xla::{Client, Program};
+    /// let client = Client::from_env()?;
+    /// let exe = client.compile(&Program::from_file("adapters/xla/programs/row_sum_f32_8x16.mlir")?)?;
+    /// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32; 128], &[8, 16])?;
+    /// let sums = exe.execute(&[&x])?[0].to_vec::<f32>()?;
+    /// assert_eq!(sums, [16.0; 8]);
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn compile(&self, program: &Program) -> Result<Executable> {
+        self.compile_with(program, &CompileOptions::default())
+    }
+
+    /// Compiles a program.
+    pub fn compile_with(&self, program: &Program, options: &CompileOptions) -> Result<Executable> {
+        if let Some(d) = options.device {
+            self.device(d)?;
+        }
+        let api = self.inner.api();
+        // SAFETY: live client; code and options outlive the call.
+        let raw = unsafe { api.client_compile(self.inner.raw, program.code(), "mlir", &options.encode())? };
+        // SAFETY: the executable was just created and is live.
+        let info = unsafe {
+            api.with_executable(raw, |exe| {
+                let outputs = api
+                    .executable_outputs(exe)?
+                    .into_iter()
+                    .map(|(t, shape)| ArraySpec { dtype: dtype::from_pjrt(t), shape })
+                    .collect::<Vec<_>>();
+                let parameters = api.executable_optimized_program(exe).ok().and_then(|m| hlo::parameters(&m));
+                Ok((outputs, parameters))
+            })
+        };
+        let exe = |outputs, parameters| Executable {
+            client: self.inner.clone(),
+            raw,
+            name: program.name().to_string(),
+            parameters,
+            outputs,
+            device: options.device,
+        };
+        match info {
+            Ok((outputs, parameters)) => Ok(exe(outputs, parameters)),
+            Err(e) => {
+                drop(exe(Vec::new(), None));
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Executable {
+    /// The program's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The parameters the program takes, read from the compiled HLO module
+    /// (`None` if the plugin does not give its optimized program).
+    pub fn parameters(&self) -> Option<&[ArraySpec]> {
+        self.parameters.as_deref()
+    }
+
+    /// The outputs it produces.
+    pub fn outputs(&self) -> &[ArraySpec] {
+        &self.outputs
+    }
+
+    /// Checks `inputs` against the program's parameters: count, dtype, shape.
+    pub fn check_inputs(&self, inputs: &[&Buffer]) -> Result<()> {
+        let Some(params) = &self.parameters else { return Ok(()) };
+        if params.len() != inputs.len() {
+            return Err(XlaError::invalid(
+                format!("inputs of {}", self.name),
+                format!("{} buffers", inputs.len()),
+                format!("the program takes {} parameters: {}", params.len(), list(params)),
+            ));
+        }
+        for (index, (p, b)) in params.iter().zip(inputs).enumerate() {
+            if !Arc::ptr_eq(&b.inner.client, &self.client) {
+                return Err(XlaError::invalid(
+                    format!("input {index} of {}", self.name),
+                    format!("{b:?}"),
+                    "it belongs to another client",
+                ));
+            }
+            let got = ArraySpec { dtype: Some(b.dtype()), shape: b.shape().to_vec() };
+            if p.dtype.is_some() && p.dtype != got.dtype {
+                return Err(XlaError::InputMismatch {
+                    program: self.name.clone(),
+                    index,
+                    what: "dtype",
+                    expected: p.to_string(),
+                    got: got.to_string(),
+                });
+            }
+            if p.shape != got.shape {
+                return Err(XlaError::InputMismatch {
+                    program: self.name.clone(),
+                    index,
+                    what: "shape",
+                    expected: p.to_string(),
+                    got: got.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues an execution on the executable's device and returns its outputs
+    /// (which become ready when the execution is done; nothing here waits).
+    pub fn execute(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
+        self.check_inputs(inputs)?;
+        let api = self.client.api();
+        let raw_inputs: Vec<*mut sys::PJRT_Buffer> = inputs.iter().map(|b| b.raw()).collect();
+        let device = match self.device {
+            Some(i) => self.client.devices[i].raw,
+            None => std::ptr::null_mut(),
+        };
+        // SAFETY: the executable, the inputs (held by `inputs`) and the device are live.
+        let (outs, complete) = unsafe { api.execute(self.raw, &raw_inputs, self.outputs.len(), device)? };
+        // SAFETY: an owned event (dropped: readiness is tracked per output buffer).
+        drop(unsafe { Event::from_raw(api, complete) });
+        let mut buffers = Vec::with_capacity(outs.len());
+        let mut failed = None;
+        for raw in outs {
+            if raw.is_null() {
+                continue;
+            }
+            if failed.is_some() {
+                // SAFETY: owned output, destroyed once.
+                let _ = unsafe { api.buffer_destroy(raw) };
+                continue;
+            }
+            // SAFETY: an owned output buffer of this client.
+            match unsafe { Buffer::from_raw(&self.client, raw, false, None) } {
+                Ok(b) => buffers.push(b),
+                Err(e) => failed = Some(e),
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(buffers),
+        }
+    }
+
+    /// The device it executes on.
+    pub fn device(&self) -> Device {
+        Device { client: self.client.clone(), index: self.device.unwrap_or(0) }
+    }
+}
+
+fn list(specs: &[ArraySpec]) -> String {
+    specs.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+}

@@ -1,0 +1,46 @@
+//! # handoff-xla
+//!
+//! XLA for Rust programs through the PJRT C API that JAX uses, with buffers
+//! exchanged zero-copy and stream-ordered with the rest of handoff.
+//!
+//! Three layers, as in cudarc:
+//! - [`sys`]: own `repr(C)` bindings of PJRT C API **0.115** (no bindgen), loaded
+//!   with `libloading`;
+//! - [`result`]: thin wrappers turning a `PJRT_Error` into [`XlaError::Pjrt`] (its
+//!   message and code), destroying the error;
+//! - safe RAII types: [`Plugin`] (loaded once, never unloaded), [`Client`],
+//!   [`Device`], [`Executable`], [`Buffer`], [`Event`], each destroyed exactly once.
+//!
+//! Exchange: [`Client::import`] views a [`handoff_runtime::Handoff`] as a PJRT buffer
+//! and [`Buffer::export`] hands a PJRT buffer out as one (see [`exchange`]).
+//!
+//! ```no_run
+//! use handoff_xla::{Client, Program};
+//! let client = Client::from_env()?; // HANDOFF_PJRT_PLUGIN
+//! let exe = client.compile(&Program::from_file("adapters/xla/programs/gelu_scale_f32_4x8.mlir")?)?;
+//! let x = client.buffer_from_host(&client.device(0)?, &[0.5f32; 32], &[4, 8])?;
+//! let y = exe.execute(&[&x])?;
+//! println!("{:?}", y[0].to_vec::<f32>()?);
+//! # Ok::<(), handoff_xla::XlaError>(())
+//! ```
+#![warn(missing_docs)]
+
+mod buffer;
+mod client;
+pub mod dtype;
+mod error;
+pub mod exchange;
+mod executable;
+pub mod hlo;
+mod plugin;
+pub mod result;
+pub mod sys;
+
+pub use buffer::{Buffer, Event, ViewWatch};
+pub use client::{Client, ClientOptions, Device};
+pub use error::{ErrorCode, Result, XlaError};
+pub use exchange::{CPU_ALIGNMENT, ImportOptions};
+pub use executable::{CompileOptions, Executable, Program};
+pub use hlo::ArraySpec;
+pub use plugin::{PLUGIN_ENV, Plugin};
+pub use result::{OptionValue, Value};

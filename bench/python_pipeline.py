@@ -1,0 +1,138 @@
+"""The pipeline of examples/pipeline.rs in Python, for the side-by-side benchmark.
+
+One model step: h = x @ w (PyTorch), y = gelu(layernorm(h)) (an XLA kernel compiled by
+JAX), x = x + y (PyTorch residual). Variants:
+
+  torch      pure PyTorch, same math
+  interop    torch -> jax.dlpack.from_dlpack -> jitted kernel -> torch.from_dlpack
+             (the DLPack stream protocol: what Python interop costs today)
+  jax        the whole step in one jax.jit (what fusion alone gives)
+
+Prints one JSON object per (variant, size) with the median ms per iteration, and for
+`interop` the median host time of each hand-off direction over 10,000 calls.
+
+    python3 bench/python_pipeline.py --sizes 4096 256 --dtype bf16
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+
+EPS = 1e-5
+
+
+def ln_gelu_jax(h):
+    hf = h.astype(jnp.float32)
+    mean = hf.mean(axis=-1, keepdims=True)
+    var = ((hf - mean) ** 2).mean(axis=-1, keepdims=True)
+    return jax.nn.gelu((hf - mean) * jax.lax.rsqrt(var + EPS), approximate=True).astype(h.dtype)
+
+
+def ln_gelu_torch(h):
+    hf = h.float()
+    mean = hf.mean(dim=-1, keepdim=True)
+    var = ((hf - mean) ** 2).mean(dim=-1, keepdim=True)
+    return torch.nn.functional.gelu((hf - mean) * torch.rsqrt(var + EPS), approximate="tanh").to(h.dtype)
+
+
+def timed(step, x, iters, reps, sync):
+    for _ in range(3):
+        x = step(x)
+    sync()
+    per_iter = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            x = step(x)
+        sync()
+        per_iter.append((time.perf_counter() - t0) * 1e3 / iters)
+    return statistics.median(per_iter), x
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 256])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--handoff-samples", type=int, default=10_000)
+    args = ap.parse_args()
+    tdt = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dev = torch.device("cuda")
+    kernel = jax.jit(ln_gelu_jax)
+
+    for n in args.sizes:
+        g = torch.Generator(device=dev).manual_seed(0)
+        x0 = torch.randn(n, n, device=dev, dtype=tdt, generator=g) * 0.1
+        w = torch.randn(n, n, device=dev, dtype=tdt, generator=g) / n**0.5
+        iters = args.iters if n >= 1024 else args.iters * 10
+        sync = torch.cuda.synchronize
+
+        def torch_step(x):
+            return x + ln_gelu_torch(x @ w)
+
+        def interop_step(x):
+            h = x @ w
+            y = kernel(jax.dlpack.from_dlpack(h))
+            return x + torch.from_dlpack(y)
+
+        wj = jnp.asarray(w.float().cpu().numpy()).astype(jnp.bfloat16 if args.dtype == "bf16" else jnp.float32)
+
+        @jax.jit
+        def jax_step(x):
+            return x + ln_gelu_jax(x @ wj)
+
+        results = {}
+        results["torch"], _ = timed(torch_step, x0.clone(), iters, args.reps, sync)
+        results["interop"], _ = timed(interop_step, x0.clone(), iters, args.reps, sync)
+        xj = jnp.asarray(x0.float().cpu().numpy()).astype(wj.dtype)
+
+        def jax_timed():
+            x = xj
+            for _ in range(3):
+                x = jax_step(x)
+            x.block_until_ready()
+            per = []
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    x = jax_step(x)
+                x.block_until_ready()
+                per.append((time.perf_counter() - t0) * 1e3 / iters)
+            return statistics.median(per)
+        results["jax"] = jax_timed()
+
+        # Host cost of each hand-off direction.
+        h = x0 @ w
+        sync()
+        to_jax, to_torch = [], []
+        yj = kernel(jax.dlpack.from_dlpack(h))
+        yj.block_until_ready()
+        for _ in range(args.handoff_samples):
+            t0 = time.perf_counter()
+            a = jax.dlpack.from_dlpack(h)
+            t1 = time.perf_counter()
+            b = torch.from_dlpack(yj)
+            t2 = time.perf_counter()
+            to_jax.append((t1 - t0) * 1e6)
+            to_torch.append((t2 - t1) * 1e6)
+            del a, b
+        for variant, ms in results.items():
+            out = {"variant": variant, "n": n, "dtype": args.dtype, "ms_per_iter": round(ms, 4),
+                   "ratio_to_torch": round(ms / results["torch"], 3)}
+            if variant == "interop":
+                out["host_us_torch_to_jax"] = round(statistics.median(to_jax), 2)
+                out["host_us_jax_to_torch"] = round(statistics.median(to_torch), 2)
+            print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

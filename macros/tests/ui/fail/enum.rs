@@ -1,0 +1,8 @@
+use handoff::DlpackExchange;
+
+#[derive(DlpackExchange)]
+enum Tensor {
+    A(Vec<f32>),
+}
+
+fn main() {}

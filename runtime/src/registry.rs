@@ -1,0 +1,602 @@
+//! The adapter registry: every adapter (the built-in torch, xla, cuda and mock
+//! adapters, and any third-party crate) registers itself once, and values move
+//! between any two registered adapters by name.
+//!
+//! # How an adapter registers itself
+//!
+//! One `submit!` anywhere in the adapter's crate, with a `const` [`Adapter`] built
+//! from [`Adapter::new`] and its `const` builder methods. The crate needs no
+//! dependency but `handoff` (or `handoff-runtime`): `submit!` is re-exported here.
+//!
+//! ```
+//! use handoff_runtime::registry::{self, Adapter, DeviceKind, Probe};
+//! use handoff_runtime::dtype::DataType;
+//! # use handoff_runtime::mock::MockTensor as MyTensor; // your tensor type: Export + Import
+//!
+//! fn probe() -> Vec<Probe> {
+//!     vec![Probe::found("my runtime", "libmy.so 1.2 loaded")]
+//! }
+//!
+//! registry::submit! {
+//!     Adapter::new("my-adapter", "0.1.0")         // name (unique) and version
+//!         .about("tensors of my framework")        // one line for `handoff doctor`
+//!         .devices(&[DeviceKind::Host, DeviceKind::Cuda])
+//!         .dtypes(&[DataType::F32, DataType::F64]) // or `handoff_runtime::dtype::ALL`
+//!         .exports::<MyTensor>()                   // needs `MyTensor: Export`
+//!         .imports::<MyTensor>()                   // needs `MyTensor: Import + Send`
+//!         .probe(probe)                            // optional: lines for `handoff doctor`
+//! }
+//!
+//! let me = registry::find("my-adapter").unwrap();
+//! assert!(me.can_export() && me.can_import());
+//! ```
+//!
+//! An adapter that orders or releases memory its own way gives its own entry points
+//! with [`Adapter::export_with`] / [`Adapter::import_with`] (plain `fn` items that
+//! take and return [`Erased`] values).
+//!
+//! Built-in adapters use these names, which `handoff doctor` looks for: `torch`
+//! (libtorch), `xla` (PJRT plugins), `cuda` (CUDA devices and driver), `mock`.
+//!
+//! # Converting
+//!
+//! ```
+//! use handoff_runtime::{mock::{Mock, MockTensor}, registry};
+//! let mock = Mock::new();
+//! let (a, b) = (mock.stream(0, "a"), mock.stream(0, "b"));
+//! let x = mock.tensor_f32(&a, "x", &[2], &[1.0, 2.0]);
+//! let y = registry::convert(Box::new(x), "mock", "mock", &b).unwrap();
+//! let y: Box<MockTensor> = y.downcast().unwrap();
+//! assert_eq!(y.stream(), &b);
+//! ```
+
+use crate::device::Device;
+use crate::dtype::{self, DataType};
+use crate::error::{Error, Result};
+use crate::handoff::{Export, Handoff, Import};
+use crate::stream::Stream;
+use std::any::{Any, TypeId};
+use std::fmt;
+
+pub use inventory::submit;
+
+/// A type-erased value in or out of an adapter: a `Box` of the adapter's tensor type.
+pub type Erased = Box<dyn Any + Send>;
+
+/// The export entry point of an adapter: makes the value ready on the consumer
+/// stream and wraps it in a [`Handoff`].
+pub type ExportFn = fn(Erased, &Stream) -> Result<Handoff>;
+
+/// The import entry point of an adapter: takes a [`Handoff`] in as the adapter's
+/// tensor type, boxed.
+pub type ImportFn = fn(Handoff) -> Result<Erased>;
+
+/// Tells the device and dtype of a value without exporting it (`None` when it cannot).
+pub type InspectFn = fn(&(dyn Any + Send)) -> Option<(Device, DataType)>;
+
+/// What an adapter checks about its environment, for `handoff doctor`.
+pub type ProbeFn = fn() -> Vec<Probe>;
+
+/// A kind of device an adapter takes (the ordinal does not matter to the registry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeviceKind {
+    /// Host memory.
+    Host,
+    /// CUDA device memory.
+    Cuda,
+    /// Memory of the simulated device of [`crate::mock`].
+    Mock,
+}
+
+impl DeviceKind {
+    /// The kind of `device`.
+    ///
+    /// ```
+    /// use handoff_runtime::{Device, registry::DeviceKind};
+    /// assert_eq!(DeviceKind::of(Device::Cuda(3)), DeviceKind::Cuda);
+    /// ```
+    pub const fn of(device: Device) -> DeviceKind {
+        match device {
+            Device::Host => DeviceKind::Host,
+            Device::Cuda(_) => DeviceKind::Cuda,
+            Device::Mock(_) => DeviceKind::Mock,
+        }
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DeviceKind::Host => "host",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Mock => "mock",
+        })
+    }
+}
+
+/// How an adapter exports: the Rust type it takes, and its entry point.
+#[derive(Clone, Copy)]
+pub struct ExportEntry {
+    /// The name of the type it takes.
+    pub type_name: fn() -> &'static str,
+    /// The type it takes (checked before `export` is called).
+    pub type_id: fn() -> TypeId,
+    /// The device and dtype of a value, if the adapter can tell without exporting
+    /// (lets [`convert`] refuse an unsupported pair before any device work).
+    pub inspect: Option<InspectFn>,
+    /// The entry point.
+    pub export: ExportFn,
+}
+
+impl ExportEntry {
+    /// The entry of a type that implements [`Export`].
+    pub const fn of<T: Export>() -> ExportEntry {
+        ExportEntry {
+            type_name: std::any::type_name::<T>,
+            type_id: TypeId::of::<T>,
+            inspect: Some(inspect_as::<T>),
+            export: export_as::<T>,
+        }
+    }
+}
+
+/// How an adapter imports: the Rust type it makes, and its entry point.
+#[derive(Clone, Copy)]
+pub struct ImportEntry {
+    /// The name of the type it makes.
+    pub type_name: fn() -> &'static str,
+    /// The entry point.
+    pub import: ImportFn,
+}
+
+impl ImportEntry {
+    /// The entry of a type that implements [`Import`].
+    pub const fn of<T: Import + Send + 'static>() -> ImportEntry {
+        ImportEntry { type_name: std::any::type_name::<T>, import: import_as::<T> }
+    }
+}
+
+/// The generic export entry point of a type that implements [`Export`].
+///
+/// # Errors
+/// [`Error::Adapter`] when `value` is not a `T`; any error of [`Export::export`].
+pub fn export_as<T: Export>(value: Erased, consumer: &Stream) -> Result<Handoff> {
+    match value.downcast::<T>() {
+        Ok(v) => v.export(consumer),
+        Err(_) => Err(Error::Adapter {
+            adapter: "registry",
+            message: format!("the value given is not a `{}`", std::any::type_name::<T>()),
+        }),
+    }
+}
+
+/// The generic import entry point of a type that implements [`Import`].
+///
+/// # Errors
+/// Any error of [`Import::from_handoff`].
+pub fn import_as<T: Import + Send + 'static>(handoff: Handoff) -> Result<Erased> {
+    Ok(Box::new(handoff.import::<T>()?))
+}
+
+fn inspect_as<T: Export>(value: &(dyn Any + Send)) -> Option<(Device, DataType)> {
+    let v = value.downcast_ref::<T>()?;
+    let dtype = v.describe().ok()?.dtype;
+    Some((v.device(), dtype))
+}
+
+/// An adapter's registration: what it is, what it takes, and its entry points.
+///
+/// Build it with [`Adapter::new`] and the `const` builder methods, and give it to
+/// [`submit!`] (see the [module docs](self)).
+#[derive(Clone, Copy)]
+pub struct Adapter {
+    /// The unique name that [`find`] and [`convert`] take (`torch`, `xla`, `ndarray`).
+    pub name: &'static str,
+    /// The adapter's version (its crate's `CARGO_PKG_VERSION`, usually).
+    pub version: &'static str,
+    /// One line on what it exchanges.
+    pub about: &'static str,
+    /// The kinds of device whose memory it takes and gives.
+    pub devices: &'static [DeviceKind],
+    /// The dtypes it takes and gives.
+    pub dtypes: &'static [DataType],
+    /// How it exports, if it does.
+    pub export: Option<ExportEntry>,
+    /// How it imports, if it does.
+    pub import: Option<ImportEntry>,
+    /// What `handoff doctor` runs to check its environment (never panics, never blocks long).
+    pub probe: Option<ProbeFn>,
+}
+
+impl Adapter {
+    /// An adapter that takes nothing yet: add devices, dtypes and entry points.
+    pub const fn new(name: &'static str, version: &'static str) -> Adapter {
+        Adapter {
+            name,
+            version,
+            about: "",
+            devices: &[],
+            dtypes: &[],
+            export: None,
+            import: None,
+            probe: None,
+        }
+    }
+
+    /// One line on what it exchanges.
+    pub const fn about(mut self, about: &'static str) -> Adapter {
+        self.about = about;
+        self
+    }
+
+    /// The kinds of device it takes.
+    pub const fn devices(mut self, devices: &'static [DeviceKind]) -> Adapter {
+        self.devices = devices;
+        self
+    }
+
+    /// The dtypes it takes.
+    pub const fn dtypes(mut self, dtypes: &'static [DataType]) -> Adapter {
+        self.dtypes = dtypes;
+        self
+    }
+
+    /// It exports values of `T`.
+    pub const fn exports<T: Export>(mut self) -> Adapter {
+        self.export = Some(ExportEntry::of::<T>());
+        self
+    }
+
+    /// It imports into values of `T`.
+    pub const fn imports<T: Import + Send + 'static>(mut self) -> Adapter {
+        self.import = Some(ImportEntry::of::<T>());
+        self
+    }
+
+    /// It exports values of `T` through its own entry point.
+    pub const fn export_with<T: Any>(mut self, export: ExportFn) -> Adapter {
+        self.export = Some(ExportEntry {
+            type_name: std::any::type_name::<T>,
+            type_id: TypeId::of::<T>,
+            inspect: None,
+            export,
+        });
+        self
+    }
+
+    /// It imports into values of `T` through its own entry point.
+    pub const fn import_with<T: Any>(mut self, import: ImportFn) -> Adapter {
+        self.import = Some(ImportEntry { type_name: std::any::type_name::<T>, import });
+        self
+    }
+
+    /// What `handoff doctor` runs to check its environment.
+    pub const fn probe(mut self, probe: ProbeFn) -> Adapter {
+        self.probe = Some(probe);
+        self
+    }
+
+    /// Whether it exports.
+    pub fn can_export(&self) -> bool {
+        self.export.is_some()
+    }
+
+    /// Whether it imports.
+    pub fn can_import(&self) -> bool {
+        self.import.is_some()
+    }
+
+    /// Whether it takes memory of `device`.
+    pub fn supports_device(&self, device: Device) -> bool {
+        self.devices.contains(&DeviceKind::of(device))
+    }
+
+    /// Whether it takes elements of `dtype`.
+    pub fn supports_dtype(&self, dtype: DataType) -> bool {
+        self.dtypes.contains(&dtype)
+    }
+
+    /// `import`, `export`, `import, export`, or `none`.
+    pub fn capability(&self) -> &'static str {
+        match (self.can_import(), self.can_export()) {
+            (true, true) => "import, export",
+            (true, false) => "import",
+            (false, true) => "export",
+            (false, false) => "none",
+        }
+    }
+
+    /// Exports `value` (a `Box` of the adapter's export type) to `consumer`.
+    ///
+    /// # Errors
+    /// [`RegistryError::CannotExport`], [`RegistryError::WrongType`],
+    /// [`RegistryError::UnsupportedDevice`] / [`RegistryError::UnsupportedDtype`]
+    /// when the value is one the adapter does not take, or
+    /// [`RegistryError::Failed`] with the adapter's own error.
+    pub fn export(&self, value: Erased, consumer: &Stream) -> Result<Handoff, RegistryError> {
+        let entry = self.export.ok_or(RegistryError::CannotExport { adapter: self.name })?;
+        if (*value).type_id() != (entry.type_id)() {
+            return Err(RegistryError::WrongType { adapter: self.name, expected: (entry.type_name)() });
+        }
+        if let Some((device, dtype)) = entry.inspect.and_then(|inspect| inspect(&*value)) {
+            self.check(device, dtype)?;
+        }
+        (entry.export)(value, consumer).map_err(|source| RegistryError::Failed {
+            adapter: self.name,
+            step: "export",
+            source,
+        })
+    }
+
+    /// Imports `handoff` as the adapter's import type, boxed.
+    ///
+    /// # Errors
+    /// [`RegistryError::CannotImport`], [`RegistryError::UnsupportedDevice`] /
+    /// [`RegistryError::UnsupportedDtype`], or [`RegistryError::Failed`].
+    pub fn import(&self, handoff: Handoff) -> Result<Erased, RegistryError> {
+        let entry = self.import.ok_or(RegistryError::CannotImport { adapter: self.name })?;
+        self.check(handoff.device(), handoff.dtype())?;
+        (entry.import)(handoff).map_err(|source| RegistryError::Failed {
+            adapter: self.name,
+            step: "import",
+            source,
+        })
+    }
+
+    /// Checks that the adapter takes `device` memory of `dtype`.
+    ///
+    /// # Errors
+    /// [`RegistryError::UnsupportedDevice`] or [`RegistryError::UnsupportedDtype`].
+    pub fn check(&self, device: Device, dtype: DataType) -> Result<(), RegistryError> {
+        if !self.supports_device(device) {
+            return Err(RegistryError::UnsupportedDevice {
+                adapter: self.name,
+                device,
+                supported: join(self.devices.iter().map(|d| d.to_string())),
+            });
+        }
+        if !self.supports_dtype(dtype) {
+            return Err(RegistryError::UnsupportedDtype {
+                adapter: self.name,
+                dtype: dtype::name(dtype),
+                supported: join(self.dtypes.iter().map(|&d| dtype::name(d))),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Adapter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Adapter")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("devices", &self.devices)
+            .field("dtypes", &self.dtypes.iter().map(|&d| dtype::name(d)).collect::<Vec<_>>())
+            .field("export", &self.export.map(|e| (e.type_name)()))
+            .field("import", &self.import.map(|e| (e.type_name)()))
+            .finish()
+    }
+}
+
+inventory::collect!(Adapter);
+
+/// Whether a probed thing was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeStatus {
+    /// Found and usable.
+    Found,
+    /// Looked for and not found (the detail says where and why).
+    NotFound,
+    /// Not looked for (the detail says why: an adapter not built, a feature off).
+    NotChecked,
+}
+
+/// One line of `handoff doctor`: what was checked, whether it was found, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// What was checked (`libtorch`, `PJRT plugin /opt/...`, `CUDA device 0`).
+    pub subject: String,
+    /// Found or not.
+    pub status: ProbeStatus,
+    /// What was found (a version, a path) or why not.
+    pub detail: String,
+}
+
+impl Probe {
+    /// Something found.
+    pub fn found(subject: impl Into<String>, detail: impl Into<String>) -> Probe {
+        Probe { subject: subject.into(), status: ProbeStatus::Found, detail: detail.into() }
+    }
+    /// Something looked for and not found.
+    pub fn not_found(subject: impl Into<String>, why: impl Into<String>) -> Probe {
+        Probe { subject: subject.into(), status: ProbeStatus::NotFound, detail: why.into() }
+    }
+    /// Something not looked for.
+    pub fn not_checked(subject: impl Into<String>, why: impl Into<String>) -> Probe {
+        Probe { subject: subject.into(), status: ProbeStatus::NotChecked, detail: why.into() }
+    }
+}
+
+impl fmt::Display for Probe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = match self.status {
+            ProbeStatus::Found => "found",
+            ProbeStatus::NotFound => "not found",
+            ProbeStatus::NotChecked => "not checked yet",
+        };
+        write!(f, "{}: {status} ({})", self.subject, self.detail)
+    }
+}
+
+/// Why the registry refused. Each variant names the adapter and the value at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// No adapter of this name is registered.
+    #[error(
+        "no adapter named `{name}` is registered (registered: {known}); link the adapter's \
+         crate into the program (`use my_adapter as _;`) or enable its feature of `handoff`"
+    )]
+    UnknownAdapter {
+        /// The name asked for.
+        name: String,
+        /// The names registered.
+        known: String,
+    },
+    /// The adapter does not export.
+    #[error("adapter `{adapter}` cannot export (it only imports); convert from an adapter that exports")]
+    CannotExport {
+        /// The adapter.
+        adapter: &'static str,
+    },
+    /// The adapter does not import.
+    #[error("adapter `{adapter}` cannot import (it only exports); convert to an adapter that imports")]
+    CannotImport {
+        /// The adapter.
+        adapter: &'static str,
+    },
+    /// The value is not the adapter's export type.
+    #[error(
+        "adapter `{adapter}` exports `{expected}`, and the value given is another type; pass a `Box<{expected}>`"
+    )]
+    WrongType {
+        /// The adapter.
+        adapter: &'static str,
+        /// The type it exports.
+        expected: &'static str,
+    },
+    /// The adapter does not take memory of this device.
+    #[error(
+        "adapter `{adapter}` does not take {device} memory (it takes: {supported}); move the tensor \
+         to one of those devices first, or convert to an adapter that takes {device}"
+    )]
+    UnsupportedDevice {
+        /// The adapter.
+        adapter: &'static str,
+        /// The device of the value.
+        device: Device,
+        /// The devices it takes.
+        supported: String,
+    },
+    /// The adapter does not take elements of this dtype.
+    #[error("adapter `{adapter}` does not take dtype {dtype} (it takes: {supported}); cast the tensor first")]
+    UnsupportedDtype {
+        /// The adapter.
+        adapter: &'static str,
+        /// The dtype of the value.
+        dtype: String,
+        /// The dtypes it takes.
+        supported: String,
+    },
+    /// The adapter's own entry point failed.
+    #[error("adapter `{adapter}` failed to {step}: {source}")]
+    Failed {
+        /// The adapter.
+        adapter: &'static str,
+        /// `export` or `import`.
+        step: &'static str,
+        /// Its error.
+        #[source]
+        source: Error,
+    },
+}
+
+fn join(items: impl Iterator<Item = String>) -> String {
+    let v: Vec<String> = items.collect();
+    if v.is_empty() { "nothing".into() } else { v.join(", ") }
+}
+
+/// Every registered adapter, sorted by name.
+///
+/// ```
+/// let names: Vec<_> = handoff_runtime::registry::list().iter().map(|a| a.name).collect();
+/// assert!(names.contains(&"mock"));
+/// ```
+pub fn list() -> Vec<&'static Adapter> {
+    let mut v: Vec<&'static Adapter> = inventory::iter::<Adapter>.into_iter().collect();
+    v.sort_by(|a, b| a.name.cmp(b.name).then(a.version.cmp(b.version)));
+    v
+}
+
+/// The adapter registered as `name`.
+///
+/// # Errors
+/// [`RegistryError::UnknownAdapter`], which lists the names registered.
+///
+/// ```
+/// let mock = handoff_runtime::registry::find("mock").unwrap();
+/// assert_eq!(mock.capability(), "import, export");
+/// assert!(handoff_runtime::registry::find("nope").is_err());
+/// ```
+pub fn find(name: &str) -> Result<&'static Adapter, RegistryError> {
+    inventory::iter::<Adapter>.into_iter().find(|a| a.name == name).ok_or_else(|| {
+        RegistryError::UnknownAdapter { name: name.into(), known: join(list().iter().map(|a| a.name.into())) }
+    })
+}
+
+/// Converts `value` (a `Box` of adapter `from`'s tensor type) into adapter `to`'s
+/// tensor type, made ready on `consumer_stream` without a copy: `from` exports to
+/// `consumer_stream`, `to` imports. Downcast the result to `to`'s type.
+///
+/// # Errors
+/// [`RegistryError::UnknownAdapter`] for either name; [`RegistryError::CannotExport`] /
+/// [`RegistryError::CannotImport`]; [`RegistryError::WrongType`];
+/// [`RegistryError::UnsupportedDevice`] / [`RegistryError::UnsupportedDtype`] when
+/// either adapter does not take the value's device or dtype (checked before any
+/// device work when `from` can tell); [`RegistryError::Failed`].
+pub fn convert(
+    value: Erased,
+    from: &str,
+    to: &str,
+    consumer_stream: &Stream,
+) -> Result<Erased, RegistryError> {
+    let (from, to) = (find(from)?, find(to)?);
+    if !to.can_import() {
+        return Err(RegistryError::CannotImport { adapter: to.name });
+    }
+    if let Some(inspect) = from.export.and_then(|e| e.inspect)
+        && let Some((device, dtype)) = inspect(&*value)
+    {
+        to.check(device, dtype)?;
+    }
+    let handoff = from.export(value, consumer_stream)?;
+    to.import(handoff)
+}
+
+submit! {
+    Adapter::new("mock", env!("CARGO_PKG_VERSION"))
+        .about("handoff's simulated device with a hazard checker (handoff::mock::MockTensor)")
+        .devices(&[DeviceKind::Mock])
+        .dtypes(dtype::ALL)
+        .exports::<crate::mock::MockTensor>()
+        .imports::<crate::mock::MockTensor>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::{Mock, MockTensor};
+
+    #[test]
+    fn mock_is_registered_and_unknown_names_are_refused() {
+        let mock = find("mock").unwrap();
+        assert_eq!((mock.can_export(), mock.can_import()), (true, true));
+        assert!(mock.supports_device(Device::Mock(3)) && !mock.supports_device(Device::Host));
+        let err = find("torchh").unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(&err, RegistryError::UnknownAdapter { name, .. } if name == "torchh"), "{msg}");
+        assert!(msg.contains("mock"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_types_and_devices_are_refused_before_any_work() {
+        let m = Mock::new();
+        let s = m.stream(0, "s");
+        let err = convert(Box::new(5u32), "mock", "mock", &s).unwrap_err();
+        assert!(matches!(err, RegistryError::WrongType { adapter: "mock", .. }), "{err}");
+        let x = m.tensor_f32(&s, "x", &[1], &[1.0]);
+        let y = convert(Box::new(x), "mock", "mock", &s).unwrap();
+        assert!(y.downcast::<MockTensor>().is_ok());
+    }
+}

@@ -1,0 +1,446 @@
+//! `cargo xtask gpu-bundle`: builds the GPU test and benchmark binaries here (the
+//! GPU machine has no Rust and no network), strips them and puts them with a
+//! `run.sh` into `gpu-bundle/` (git-ignored, at most 64 MiB), ready to carry.
+//!
+//! On the GPU machine, `gpu-bundle/run.sh` runs every binary with the machine's
+//! PyTorch libraries on `LD_LIBRARY_PATH`, the CUDA PJRT plugin in
+//! `HANDOFF_PJRT_PLUGIN` and `HANDOFF_REQUIRE_GPU=1` (a GPU test that would skip
+//! fails instead), writes one log per binary under `$OUT/gpu-logs/`, and exits
+//! non-zero if any binary failed.
+//!
+//! To add a package, add a [`Package`] to [`PACKAGES`]: which of its targets to build
+//! and whether it needs the set-up environment (`LIBTORCH`, ...) to build.
+
+use crate::deps;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// A kind of target to bundle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The library's unit tests (libtest harness).
+    Lib,
+    /// Every integration test in `tests/` (libtest harness).
+    Tests,
+    /// Every bench target; must be `harness = false` programs that print their
+    /// figures (run without arguments).
+    Benches,
+}
+
+/// A package whose binaries go into the bundle.
+pub struct Package {
+    /// The cargo package name.
+    pub name: &'static str,
+    /// Its targets to build and run.
+    pub kinds: &'static [Kind],
+    /// Cargo features to enable (`--features`).
+    pub features: &'static [&'static str],
+    /// Whether building it needs `cargo xtask setup`'s environment (libtorch, ...).
+    pub needs_setup: bool,
+}
+
+/// What the bundle holds, in run order.
+pub const PACKAGES: &[Package] = &[
+    // The runtime's own tests, now with a real driver behind the CUDA backend.
+    Package { name: "handoff-runtime", kinds: &[Kind::Lib], features: &[], needs_setup: false },
+    Package {
+        name: "handoff-cuda",
+        kinds: &[Kind::Lib, Kind::Tests, Kind::Benches],
+        features: &[],
+        needs_setup: false,
+    },
+    // Package { name: "handoff-torch", kinds: &[Kind::Tests], features: &[], needs_setup: true },
+    // Package { name: "handoff-xla", kinds: &[Kind::Tests], features: &[], needs_setup: true },
+];
+
+const LIMIT: u64 = 64 * 1024 * 1024;
+const TORCH_LIB: &str = "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib";
+const PJRT_PLUGIN: &str =
+    "/opt/torch/.venv/lib/python3.12/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so";
+
+/// One binary of the bundle.
+struct Binary {
+    /// The file name in `bin/`: `<package>__<target>`.
+    name: String,
+    /// Whether it is a libtest harness (run with `--test-threads=1 --nocapture`).
+    harness: bool,
+    source: PathBuf,
+}
+
+/// `cargo xtask gpu-bundle [--only <package>]...`
+pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
+    let only: Vec<&str> = args.windows(2).filter(|w| w[0] == "--only").map(|w| w[1].as_str()).collect();
+    let selected: Vec<&Package> =
+        PACKAGES.iter().filter(|p| only.is_empty() || only.contains(&p.name)).collect();
+    if selected.is_empty() {
+        return Err(format!("no bundled package matches {only:?}"));
+    }
+    let env = if selected.iter().any(|p| p.needs_setup) { Some(deps::setup(root)?) } else { None };
+    let mut binaries = Vec::new();
+    for p in &selected {
+        binaries.extend(build(root, p, env.as_ref())?);
+    }
+    let out = root.join("gpu-bundle");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).map_err(|e| format!("cannot clear {}: {e}", out.display()))?;
+    }
+    let bin = out.join("bin");
+    std::fs::create_dir_all(&bin).map_err(|e| format!("cannot create {}: {e}", bin.display()))?;
+    let mut total = 0;
+    for b in &binaries {
+        let dst = bin.join(&b.name);
+        std::fs::copy(&b.source, &dst).map_err(|e| format!("cannot copy {}: {e}", b.source.display()))?;
+        strip(&dst);
+        let size = std::fs::metadata(&dst).map_err(|e| e.to_string())?.len();
+        total += size;
+        println!("xtask: bundled {:<48} {:>6.1} MiB", b.name, size as f64 / (1 << 20) as f64);
+    }
+    let script = out.join("run.sh");
+    std::fs::write(&script, run_script(&binaries)).map_err(|e| format!("cannot write run.sh: {e}"))?;
+    set_executable(&script)?;
+    total += std::fs::metadata(&script).map_err(|e| e.to_string())?.len();
+    if total > LIMIT {
+        return Err(format!(
+            "the bundle is {:.1} MiB, over the 64 MiB a device run can carry",
+            total as f64 / (1 << 20) as f64
+        ));
+    }
+    println!(
+        "xtask: gpu-bundle/ holds {} binaries, {:.1} MiB; on the GPU machine run `gpu-bundle/run.sh` (logs in $OUT/gpu-logs)",
+        binaries.len(),
+        total as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
+fn build(root: &Path, p: &Package, env: Option<&deps::Env>) -> Result<Vec<Binary>, String> {
+    let mut args: Vec<String> =
+        ["test", "--release", "--no-run", "--message-format=json-render-diagnostics", "-p", p.name]
+            .map(String::from)
+            .to_vec();
+    for k in p.kinds {
+        args.push(
+            match k {
+                Kind::Lib => "--lib",
+                Kind::Tests => "--tests",
+                Kind::Benches => "--benches",
+            }
+            .into(),
+        );
+    }
+    if !p.features.is_empty() {
+        args.push("--features".into());
+        args.push(p.features.join(","));
+    }
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root).args(&args).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    if let Some(env) = env {
+        for (k, v) in env.vars() {
+            cmd.env(k, v);
+        }
+    }
+    println!("xtask: cargo {}", args.join(" "));
+    let output = cmd.output().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("cargo {} failed ({})", args.join(" "), output.status));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut found = Vec::new();
+    for line in stdout.lines().filter(|l| l.starts_with('{')) {
+        let Ok(msg) = json::parse(line) else { continue };
+        if msg.get("reason").and_then(json::Value::as_str) != Some("compiler-artifact") {
+            continue;
+        }
+        let Some(exe) = msg.get("executable").and_then(json::Value::as_str) else { continue };
+        let target = msg.get("target");
+        let target_name = target.and_then(|t| t.get("name")).and_then(json::Value::as_str).unwrap_or("?");
+        let kinds: Vec<&str> = target
+            .and_then(|t| t.get("kind"))
+            .and_then(json::Value::as_array)
+            .map(|a| a.iter().filter_map(json::Value::as_str).collect())
+            .unwrap_or_default();
+        let harness = !kinds.contains(&"bench");
+        let label = if kinds.iter().any(|k| k.ends_with("lib")) {
+            "lib".to_string()
+        } else {
+            target_name.to_string()
+        };
+        if found.iter().any(|b: &Binary| b.source == Path::new(exe)) {
+            continue;
+        }
+        found.push(Binary { name: format!("{}__{}", p.name, label), harness, source: PathBuf::from(exe) });
+    }
+    if found.is_empty() {
+        return Err(format!("cargo built no executable for {}", p.name));
+    }
+    Ok(found)
+}
+
+fn strip(path: &Path) {
+    // The release profile strips already; `strip` is a second pass where it exists.
+    let _ = Command::new("strip").arg("--strip-all").arg(path).stderr(Stdio::null()).status();
+}
+
+#[cfg(unix)]
+fn set_executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())
+}
+
+#[cfg(not(unix))]
+fn set_executable(_: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+fn run_script(binaries: &[Binary]) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        r#"#!/usr/bin/env bash
+# Generated by `cargo xtask gpu-bundle`. Runs every bundled GPU test and benchmark
+# binary; one log per binary in $OUT/gpu-logs/ (OUT defaults to ./out); exits
+# non-zero if any failed. ONLY=<name> runs the binaries whose name contains it.
+set -u
+HERE="$(cd "$(dirname "$0")" && pwd)"
+OUT="${{OUT:-$HERE/out}}"
+LOGS="$OUT/gpu-logs"
+mkdir -p "$LOGS"
+export LD_LIBRARY_PATH="{TORCH_LIB}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+export HANDOFF_PJRT_PLUGIN="${{HANDOFF_PJRT_PLUGIN:-{PJRT_PLUGIN}}}"
+# On the GPU machine a GPU test that would skip for want of a device fails instead.
+export HANDOFF_REQUIRE_GPU="${{HANDOFF_REQUIRE_GPU:-1}}"
+export RUST_BACKTRACE=1
+SUMMARY="$LOGS/summary.txt"
+: > "$SUMMARY"
+{{ date -u; uname -a; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1; }} > "$LOGS/machine.txt"
+failed=0
+
+run() {{
+  local harness="$1" name="$2"
+  if [ -n "${{ONLY:-}}" ] && [[ "$name" != *"$ONLY"* ]]; then return; fi
+  local log="$LOGS/$name.log" rc
+  echo "== $name"
+  local t0=$(date +%s%N)
+  if [ "$harness" = 1 ]; then
+    "$HERE/bin/$name" --test-threads=1 --nocapture > "$log" 2>&1; rc=$?
+  else
+    "$HERE/bin/$name" > "$log" 2>&1; rc=$?
+  fi
+  local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  grep -E 'test result|SKIPPED:|^BENCH|no-host-sync:|control \(|pool:|release \(|elision:|cross-stream /|same-stream:' "$log" | sed 's/^/   /'
+  local skipped=$(grep -c 'SKIPPED:' "$log")
+  if [ "$rc" -ne 0 ]; then
+    failed=$((failed + 1))
+    echo "   FAILED (exit $rc); last lines of $log:"; tail -n 30 "$log" | sed 's/^/   | /'
+    echo "FAIL $name exit=$rc" >> "$SUMMARY"
+  else
+    echo "ok   $name skipped=$skipped ms=$ms" >> "$SUMMARY"
+  fi
+}}
+
+"#
+    ));
+    for b in binaries {
+        let _ = writeln!(s, "run {} {}", u8::from(b.harness), b.name);
+    }
+    s.push_str(
+        r#"
+echo "== summary"; cat "$SUMMARY"
+if [ "$failed" -ne 0 ]; then echo "$failed binaries failed"; exit 1; fi
+echo "all passed"
+"#,
+    );
+    s
+}
+
+/// Just enough JSON to read cargo's messages (no dependency for xtask).
+mod json {
+    /// A JSON value.
+    pub enum Value {
+        Null,
+        Bool(#[allow(dead_code)] bool),
+        Num(#[allow(dead_code)] f64),
+        Str(String),
+        Arr(Vec<Value>),
+        Obj(Vec<(String, Value)>),
+    }
+
+    impl Value {
+        pub fn get(&self, key: &str) -> Option<&Value> {
+            match self {
+                Value::Obj(m) => m.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+                _ => None,
+            }
+        }
+        pub fn as_str(&self) -> Option<&str> {
+            match self {
+                Value::Str(s) => Some(s),
+                _ => None,
+            }
+        }
+        pub fn as_array(&self) -> Option<&[Value]> {
+            match self {
+                Value::Arr(a) => Some(a),
+                _ => None,
+            }
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Value, String> {
+        let mut p = Parser { b: s.as_bytes(), i: 0 };
+        let v = p.value()?;
+        p.ws();
+        if p.i != p.b.len() { Err(format!("trailing data at {}", p.i)) } else { Ok(v) }
+    }
+
+    struct Parser<'a> {
+        b: &'a [u8],
+        i: usize,
+    }
+
+    impl Parser<'_> {
+        fn ws(&mut self) {
+            while self.i < self.b.len() && self.b[self.i].is_ascii_whitespace() {
+                self.i += 1;
+            }
+        }
+        fn eat(&mut self, c: u8) -> Result<(), String> {
+            self.ws();
+            if self.b.get(self.i) == Some(&c) {
+                self.i += 1;
+                Ok(())
+            } else {
+                Err(format!("expected '{}' at {}", c as char, self.i))
+            }
+        }
+        fn value(&mut self) -> Result<Value, String> {
+            self.ws();
+            match self.b.get(self.i) {
+                Some(b'{') => {
+                    self.i += 1;
+                    let mut m = Vec::new();
+                    self.ws();
+                    if self.b.get(self.i) == Some(&b'}') {
+                        self.i += 1;
+                        return Ok(Value::Obj(m));
+                    }
+                    loop {
+                        self.ws();
+                        let k = self.string()?;
+                        self.eat(b':')?;
+                        m.push((k, self.value()?));
+                        self.ws();
+                        match self.b.get(self.i) {
+                            Some(b',') => self.i += 1,
+                            Some(b'}') => {
+                                self.i += 1;
+                                return Ok(Value::Obj(m));
+                            }
+                            _ => return Err(format!("bad object at {}", self.i)),
+                        }
+                    }
+                }
+                Some(b'[') => {
+                    self.i += 1;
+                    let mut a = Vec::new();
+                    self.ws();
+                    if self.b.get(self.i) == Some(&b']') {
+                        self.i += 1;
+                        return Ok(Value::Arr(a));
+                    }
+                    loop {
+                        a.push(self.value()?);
+                        self.ws();
+                        match self.b.get(self.i) {
+                            Some(b',') => self.i += 1,
+                            Some(b']') => {
+                                self.i += 1;
+                                return Ok(Value::Arr(a));
+                            }
+                            _ => return Err(format!("bad array at {}", self.i)),
+                        }
+                    }
+                }
+                Some(b'"') => Ok(Value::Str(self.string()?)),
+                Some(b't') => self.word("true", Value::Bool(true)),
+                Some(b'f') => self.word("false", Value::Bool(false)),
+                Some(b'n') => self.word("null", Value::Null),
+                Some(_) => {
+                    let start = self.i;
+                    while self.i < self.b.len()
+                        && matches!(self.b[self.i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                    {
+                        self.i += 1;
+                    }
+                    let t = std::str::from_utf8(&self.b[start..self.i]).map_err(|e| e.to_string())?;
+                    t.parse().map(Value::Num).map_err(|_| format!("bad number {t:?} at {start}"))
+                }
+                None => Err("unexpected end".into()),
+            }
+        }
+        fn word(&mut self, w: &str, v: Value) -> Result<Value, String> {
+            if self.b[self.i..].starts_with(w.as_bytes()) {
+                self.i += w.len();
+                Ok(v)
+            } else {
+                Err(format!("bad literal at {}", self.i))
+            }
+        }
+        fn string(&mut self) -> Result<String, String> {
+            if self.b.get(self.i) != Some(&b'"') {
+                return Err(format!("expected a string at {}", self.i));
+            }
+            self.i += 1;
+            let mut out: Vec<u8> = Vec::new();
+            loop {
+                match self.b.get(self.i) {
+                    None => return Err("unterminated string".into()),
+                    Some(b'"') => {
+                        self.i += 1;
+                        return String::from_utf8(out).map_err(|e| e.to_string());
+                    }
+                    Some(b'\\') => {
+                        let c = *self.b.get(self.i + 1).ok_or("bad escape")?;
+                        self.i += 2;
+                        match c {
+                            b'n' => out.push(b'\n'),
+                            b't' => out.push(b'\t'),
+                            b'r' => out.push(b'\r'),
+                            b'b' => out.push(8),
+                            b'f' => out.push(12),
+                            b'u' => {
+                                let hex = self.b.get(self.i..self.i + 4).ok_or("bad \\u escape")?;
+                                let hex = std::str::from_utf8(hex).map_err(|e| e.to_string())?;
+                                let code = u32::from_str_radix(hex, 16).map_err(|e| e.to_string())?;
+                                self.i += 4;
+                                let ch = char::from_u32(code).unwrap_or('\u{fffd}');
+                                out.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes());
+                            }
+                            c => out.push(c),
+                        }
+                    }
+                    Some(&c) => {
+                        out.push(c);
+                        self.i += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn reads_a_cargo_artifact_message() {
+            let m = super::parse(
+                r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"gpu"},"profile":{"test":true,"opt_level":"3"},"executable":"/t/a\"b\\c\u0041","fresh":false,"n":-1.5e3,"x":null}"#,
+            )
+            .unwrap();
+            assert_eq!(m.get("reason").and_then(super::Value::as_str), Some("compiler-artifact"));
+            assert_eq!(m.get("executable").and_then(super::Value::as_str), Some("/t/a\"b\\cA"));
+            let t = m.get("target").unwrap();
+            assert_eq!(t.get("kind").and_then(super::Value::as_array).map(|a| a.len()), Some(1));
+            assert!(super::parse("{\"a\":").is_err());
+        }
+    }
+}
