@@ -6,6 +6,21 @@ pub use handoff_runtime::*;
 
 pub mod doctor;
 
+/// The adapters, each behind the feature of its name.
+pub mod adapters {
+    /// PyTorch tensors through `tch` (feature `torch`).
+    #[cfg(feature = "torch")]
+    pub use handoff_torch as torch;
+
+    /// XLA through the PJRT C API (feature `xla`).
+    #[cfg(feature = "xla")]
+    pub use handoff_xla as xla;
+
+    /// cudarc `CudaSlice` buffers (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    pub use handoff_cuda as cuda;
+}
+
 /// `#[derive(DlpackExchange)]`: `StreamOrdered`, `Export` and (when the storage can
 /// adopt foreign memory) `Import` for your own tensor type.
 ///

@@ -4,6 +4,14 @@
 //! Adapters are found through the registry: an adapter crate linked into this
 //! binary (as a feature of `handoff`) registers itself, and its probe answers its line.
 
+// Link the adapters of the enabled features, so that they register themselves.
+#[cfg(feature = "cuda")]
+use handoff::adapters::cuda as _;
+#[cfg(feature = "torch")]
+use handoff::adapters::torch as _;
+#[cfg(feature = "xla")]
+use handoff::adapters::xla as _;
+
 fn usage() -> &'static str {
     "usage: handoff doctor\n\n  doctor   print the registered adapters and what was found of libtorch, PJRT plugins and CUDA"
 }

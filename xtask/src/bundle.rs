@@ -26,6 +26,10 @@ pub enum Kind {
     /// Every bench target; must be `harness = false` programs that print their
     /// figures (run without arguments).
     Benches,
+    /// One integration test target, by name (`tests/<name>.rs`).
+    Test(&'static str),
+    /// One bench target, by name (`harness = false`, run without arguments).
+    Bench(&'static str),
 }
 
 /// A package whose binaries go into the bundle.
@@ -50,8 +54,26 @@ pub const PACKAGES: &[Package] = &[
         features: &[],
         needs_setup: false,
     },
-    // Package { name: "handoff-torch", kinds: &[Kind::Tests], features: &[], needs_setup: true },
-    // Package { name: "handoff-xla", kinds: &[Kind::Tests], features: &[], needs_setup: true },
+    Package {
+        name: "handoff-torch",
+        kinds: &[Kind::Test("gpu_no_host_sync"), Kind::Test("gpu_side_streams"), Kind::Test("gpu_hazard")],
+        features: &[],
+        needs_setup: true,
+    },
+    // The CPU tests of handoff-xla need the CPU plugin, which the GPU machine lacks.
+    Package {
+        name: "handoff-xla",
+        kinds: &[Kind::Test("gpu_exchange")],
+        features: &["cuda"],
+        needs_setup: true,
+    },
+    // The pipeline benchmark (tch -> XLA -> tch); run.sh then runs bench/python_pipeline.py.
+    Package {
+        name: "handoff-examples",
+        kinds: &[Kind::Bench("pipeline_gpu")],
+        features: &[],
+        needs_setup: true,
+    },
 ];
 
 const LIMIT: u64 = 64 * 1024 * 1024;
@@ -120,14 +142,13 @@ fn build(root: &Path, p: &Package, env: Option<&deps::Env>) -> Result<Vec<Binary
             .map(String::from)
             .to_vec();
     for k in p.kinds {
-        args.push(
-            match k {
-                Kind::Lib => "--lib",
-                Kind::Tests => "--tests",
-                Kind::Benches => "--benches",
-            }
-            .into(),
-        );
+        match k {
+            Kind::Lib => args.push("--lib".into()),
+            Kind::Tests => args.push("--tests".into()),
+            Kind::Benches => args.push("--benches".into()),
+            Kind::Test(name) => args.extend(["--test".into(), name.to_string()]),
+            Kind::Bench(name) => args.extend(["--bench".into(), name.to_string()]),
+        }
     }
     if !p.features.is_empty() {
         args.push("--features".into());
@@ -245,6 +266,24 @@ run() {{
     }
     s.push_str(
         r#"
+# The Python side of the pipeline benchmark (torch + JAX), next to the Rust one.
+PY_BENCH="$HERE/../bench/python_pipeline.py"
+if [ -z "${ONLY:-}" ] || [[ "python_pipeline" == *"$ONLY"* ]]; then
+  if [ -f "$PY_BENCH" ]; then
+    echo "== python_pipeline"
+    "${PYTHON:-python3}" "$PY_BENCH" > "$LOGS/python_pipeline.log" 2>&1; rc=$?
+    grep -E '^\{' "$LOGS/python_pipeline.log" | sed 's/^/   /'
+    if [ "$rc" -ne 0 ]; then
+      failed=$((failed + 1)); tail -n 30 "$LOGS/python_pipeline.log" | sed 's/^/   | /'
+      echo "FAIL python_pipeline exit=$rc" >> "$SUMMARY"
+    else
+      echo "ok   python_pipeline" >> "$SUMMARY"
+    fi
+  else
+    echo "SKIP python_pipeline: $PY_BENCH not found" >> "$SUMMARY"
+  fi
+fi
+
 echo "== summary"; cat "$SUMMARY"
 if [ "$failed" -ne 0 ]; then echo "$failed binaries failed"; exit 1; fi
 echo "all passed"

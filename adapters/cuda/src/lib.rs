@@ -467,3 +467,25 @@ mod tests {
         assert!(matches!(context(0), Err(Error::CudaUnavailable { .. })));
     }
 }
+
+fn probe() -> Vec<handoff_runtime::registry::Probe> {
+    use handoff_runtime::registry::Probe;
+    vec![match handoff_runtime::cuda::device_count() {
+        Ok(n) => {
+            Probe::found("CUDA driver", format!("{} loaded, {n} device(s)", handoff_runtime::cuda::LIBRARY))
+        }
+        Err(e) => Probe::not_found("CUDA driver", e.to_string()),
+    }]
+}
+
+// The registry takes one Rust type per direction: f32 buffers, the common case.
+// Other element types exchange through `CudaTensor<T>`'s `Export`/`Import` directly.
+handoff_runtime::registry::submit! {
+    handoff_runtime::registry::Adapter::new("cuda", env!("CARGO_PKG_VERSION"))
+        .about("cudarc CudaSlice<f32> buffers with their stream, shape and strides")
+        .devices(&[handoff_runtime::registry::DeviceKind::Cuda])
+        .dtypes(&[handoff_runtime::dtype::DataType::F32])
+        .exports::<CudaTensor<f32>>()
+        .imports::<CudaTensor<f32>>()
+        .probe(probe)
+}

@@ -456,3 +456,26 @@ fn view(handoff: Handoff, options: &ImportOptions) -> Result<(tch::Tensor, Optio
     let tensor = unsafe { tch::Tensor::from_ptr(out as *mut torch_sys::C_tensor) };
     Ok((tensor, stream))
 }
+
+fn probe() -> Vec<handoff_runtime::registry::Probe> {
+    use handoff_runtime::registry::Probe;
+    let mut lines = vec![Probe::found("libtorch", format!("tch {} (PyTorch 2.11) linked", "0.24.0"))];
+    lines.push(match cuda_load_error() {
+        None if tch::Cuda::is_available() => {
+            Probe::found("libtorch CUDA", format!("{} CUDA device(s)", tch::Cuda::device_count()))
+        }
+        None => Probe::not_found("libtorch CUDA", "libtorch_cuda.so loaded, but PyTorch sees no CUDA device"),
+        Some(why) => Probe::not_found("libtorch CUDA", why),
+    });
+    lines
+}
+
+handoff_runtime::registry::submit! {
+    handoff_runtime::registry::Adapter::new("torch", env!("CARGO_PKG_VERSION"))
+        .about("PyTorch tensors through tch 0.24 (PyTorch 2.11), CPU and CUDA")
+        .devices(&[handoff_runtime::registry::DeviceKind::Host, handoff_runtime::registry::DeviceKind::Cuda])
+        .dtypes(dtype::DTYPES)
+        .exports::<TorchTensor>()
+        .imports::<TorchTensor>()
+        .probe(probe)
+}

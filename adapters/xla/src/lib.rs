@@ -44,3 +44,48 @@ pub use executable::{CompileOptions, Executable, Program};
 pub use hlo::ArraySpec;
 pub use plugin::{PLUGIN_ENV, Plugin};
 pub use result::{OptionValue, Value};
+
+fn export_buffer(
+    value: handoff_runtime::registry::Erased,
+    consumer: &handoff_runtime::Stream,
+) -> handoff_runtime::Result<handoff_runtime::Handoff> {
+    match value.downcast::<Buffer>() {
+        Ok(buffer) => buffer.export(consumer),
+        Err(_) => Err(handoff_runtime::Error::Adapter {
+            adapter: "xla",
+            message: "not a handoff_xla::Buffer".into(),
+        }),
+    }
+}
+
+fn probe() -> Vec<handoff_runtime::registry::Probe> {
+    use handoff_runtime::registry::Probe;
+    let line = |what: &str, found: Result<&'static Plugin>| match found {
+        Ok(p) => {
+            let (major, minor) = p.api_version();
+            Probe::found(
+                what,
+                format!(
+                    "{} (PJRT C API {major}.{minor}; extensions: {})",
+                    p.path().display(),
+                    p.extensions().join(", ")
+                ),
+            )
+        }
+        Err(e) => Probe::not_found(what, e.to_string()),
+    };
+    vec![
+        line("PJRT plugin ($HANDOFF_PJRT_PLUGIN)", Plugin::from_env()),
+        line("PJRT CUDA plugin (JAX's)", Plugin::cuda()),
+    ]
+}
+
+// Import into XLA needs a client (`Client::import`), so the registry entry exports only.
+handoff_runtime::registry::submit! {
+    handoff_runtime::registry::Adapter::new("xla", env!("CARGO_PKG_VERSION"))
+        .about("PJRT buffers of XLA's CPU and CUDA plugins (export; import through Client::import)")
+        .devices(&[handoff_runtime::registry::DeviceKind::Host, handoff_runtime::registry::DeviceKind::Cuda])
+        .dtypes(handoff_runtime::dtype::ALL)
+        .export_with::<Buffer>(export_buffer)
+        .probe(probe)
+}
