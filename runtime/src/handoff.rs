@@ -5,7 +5,7 @@ use crate::device::Device;
 use crate::dtype::DataType;
 use crate::error::{Result, ValidationError};
 use crate::ordered::{Ready, StreamOrdered};
-use crate::reaper::{self, KeepAlive};
+use crate::reaper;
 use crate::stats::{self, Counter};
 use crate::stream::Stream;
 use crate::validate::{self, Access};
@@ -122,15 +122,17 @@ pub fn transfer<T: Import>(value: impl Export, consumer: &Stream) -> Result<T> {
     value.export(consumer)?.import()
 }
 
-struct Owner {
-    keep_alive: Option<KeepAlive>,
+/// The DLPack context of a hand-off: the producer's keep-alive, and the stream after
+/// whose queued work it may go.
+struct Owner<K: Send + 'static> {
+    keep_alive: Option<K>,
     release_after: Option<Stream>,
 }
 
-impl Drop for Owner {
+impl<K: Send + 'static> Drop for Owner<K> {
     fn drop(&mut self) {
         if let Some(k) = self.keep_alive.take() {
-            reaper::release_boxed(self.release_after.as_ref(), k);
+            reaper::release_after(self.release_after.as_ref(), k);
         }
     }
 }
@@ -184,7 +186,7 @@ impl Handoff {
             Release::AfterConsumer => Some(consumer.clone()),
             Release::Immediately => None,
         };
-        let owner = Box::new(Owner { keep_alive: Some(Box::new(keep_alive)), release_after });
+        let owner = Box::new(Owner { keep_alive: Some(keep_alive), release_after });
         let mut init = prepared.initialize(owner);
         init.set_data(data).set_device(device.to_dlpack()).set_dtype(dtype).set_byte_offset(byte_offset);
         // SAFETY: IS_COPIED is only set when the producer says the memory is a copy
@@ -278,7 +280,7 @@ impl Handoff {
             .prepare()
             .map_err(|_| ValidationError::ShapeOverflow { shape: shape.to_vec() })?;
         let owner =
-            Box::new(Owner { keep_alive: Some(Box::new(foreign)), release_after: Some(consumer.clone()) });
+            Box::new(Owner { keep_alive: Some(foreign), release_after: Some(consumer.clone()) });
         let mut init = prepared.initialize(owner);
         init.set_data(t.data).set_device(t.device).set_dtype(t.dtype).set_byte_offset(t.byte_offset);
         // SAFETY: the flags are the producer's own, passed on unchanged.

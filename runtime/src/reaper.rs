@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-pub(crate) type KeepAlive = Box<dyn Send>;
+type KeepAlive = Box<dyn Send>;
 type StreamKey = (usize, u64);
 
 struct Pending {
@@ -77,21 +77,20 @@ extern "C" fn drain_at_exit() {
 /// behind an event recorded on `after` now.
 ///
 /// Adapters call this when their own memory must outlive a consumer's queued work.
-pub fn release_after(after: Option<&Stream>, keep_alive: impl Send + 'static) {
-    release_boxed(after, Box::new(keep_alive))
-}
-
-pub(crate) fn release_boxed(after: Option<&Stream>, keep_alive: KeepAlive) {
+pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
     let after = after.filter(|s| !s.is_host());
     let Some(stream) = after else {
         stats::count(Counter::ReleasesImmediate, 1);
-        drop_quietly(keep_alive);
+        // Dropped in place: the immediate path allocates nothing.
+        if catch_unwind(AssertUnwindSafe(move || drop(keep_alive))).is_err() {
+            eprintln!("handoff: a keep-alive panicked while being released");
+        }
         return;
     };
     match stream.record() {
         Ok(event) => {
             stats::count(Counter::ReleasesDeferred, 1);
-            defer(stream, event, keep_alive);
+            defer(stream, event, Box::new(keep_alive));
         }
         Err(e) => {
             // Freeing now could hand memory to a new owner while a kernel still reads
