@@ -80,12 +80,32 @@ fn probe() -> Vec<handoff_runtime::registry::Probe> {
     ]
 }
 
-// Import into XLA needs a client (`Client::import`), so the registry entry exports only.
+/// The client the registry imports with: one per process, on the plugin of
+/// `HANDOFF_PJRT_PLUGIN` (see [`Client::from_env`]), made on first use.
+pub fn registry_client() -> Result<&'static Client> {
+    static CLIENT: std::sync::OnceLock<Client> = std::sync::OnceLock::new();
+    if let Some(c) = CLIENT.get() {
+        return Ok(c);
+    }
+    let client = Client::from_env()?;
+    Ok(CLIENT.get_or_init(|| client))
+}
+
+fn import_handoff(
+    handoff: handoff_runtime::Handoff,
+) -> handoff_runtime::Result<handoff_runtime::registry::Erased> {
+    let client = registry_client()?;
+    Ok(Box::new(client.import(handoff)?))
+}
+
+// Imports go to the process's registry client (`registry_client`); a program with
+// its own client calls `Client::import`.
 handoff_runtime::registry::submit! {
     handoff_runtime::registry::Adapter::new("xla", env!("CARGO_PKG_VERSION"))
-        .about("PJRT buffers of XLA's CPU and CUDA plugins (export; import through Client::import)")
+        .about("PJRT buffers of XLA's CPU and CUDA plugins (imports on the plugin of $HANDOFF_PJRT_PLUGIN)")
         .devices(&[handoff_runtime::registry::DeviceKind::Host, handoff_runtime::registry::DeviceKind::Cuda])
         .dtypes(handoff_runtime::dtype::ALL)
         .export_with::<Buffer>(export_buffer)
+        .import_with::<Buffer>(import_handoff)
         .probe(probe)
 }
