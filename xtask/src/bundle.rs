@@ -5,8 +5,10 @@
 //! On the GPU machine, `gpu-bundle/run.sh` runs every binary with the machine's
 //! PyTorch libraries on `LD_LIBRARY_PATH`, the CUDA PJRT plugin in
 //! `HANDOFF_PJRT_PLUGIN` and `HANDOFF_REQUIRE_GPU=1` (a GPU test that would skip
-//! fails instead), writes one log per binary under `$OUT/gpu-logs/`, and exits
-//! non-zero if any binary failed.
+//! fails instead), writes one log per binary under `$OUT/gpu-logs/`, then runs
+//! `bench/python_pipeline.py` (the Python side of the pipeline benchmark; `$PYTHON`,
+//! else `/opt/torch/.venv/bin/python3`, else `python3`), and exits non-zero if
+//! anything failed.
 //!
 //! To add a package, add a [`Package`] to [`PACKAGES`]: which of its targets to build
 //! and whether it needs the set-up environment (`LIBTORCH`, ...) to build.
@@ -56,7 +58,12 @@ pub const PACKAGES: &[Package] = &[
     },
     Package {
         name: "handoff-torch",
-        kinds: &[Kind::Test("gpu_no_host_sync"), Kind::Test("gpu_side_streams"), Kind::Test("gpu_hazard")],
+        kinds: &[
+            Kind::Test("gpu_no_host_sync"),
+            Kind::Test("gpu_side_streams"),
+            Kind::Test("gpu_hazard"),
+            Kind::Test("gpu_stress"),
+        ],
         features: &[],
         needs_setup: true,
     },
@@ -271,7 +278,9 @@ PY_BENCH="$HERE/../bench/python_pipeline.py"
 if [ -z "${ONLY:-}" ] || [[ "python_pipeline" == *"$ONLY"* ]]; then
   if [ -f "$PY_BENCH" ]; then
     echo "== python_pipeline"
-    "${PYTHON:-python3}" "$PY_BENCH" > "$LOGS/python_pipeline.log" 2>&1; rc=$?
+    PY="${PYTHON:-python3}"
+    if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; fi
+    "$PY" "$PY_BENCH" > "$LOGS/python_pipeline.log" 2>&1; rc=$?
     grep -E '^\{' "$LOGS/python_pipeline.log" | sed 's/^/   /'
     if [ "$rc" -ne 0 ]; then
       failed=$((failed + 1)); tail -n 30 "$LOGS/python_pipeline.log" | sed 's/^/   | /'

@@ -45,6 +45,15 @@ def layernorm_gelu(x, gamma, beta):
     return gelu(y).astype(x.dtype)
 
 
+def ln_gelu(h):
+    # The kernel of examples/pipeline.rs and bench/python_pipeline.py: layer norm with no
+    # affine (eps 1e-5) then tanh-gelu, computed in f32 and cast back to h's dtype.
+    hf = h.astype(jnp.float32)
+    mean = jnp.mean(hf, axis=-1, keepdims=True)
+    var = jnp.mean((hf - mean) ** 2, axis=-1, keepdims=True)
+    return gelu((hf - mean) * jax.lax.rsqrt(var + 1e-5)).astype(h.dtype)
+
+
 def spec(shape, dtype=jnp.float32):
     return jax.ShapeDtypeStruct(shape, dtype)
 
@@ -65,6 +74,12 @@ def main():
     for n, d in [(64, 64), (256, 256), (1024, 1024)]:
         for dt, tag in [(jnp.float32, "f32"), (jnp.bfloat16, "bf16")]:
             write_text(f"layernorm_gelu_{tag}_{n}x{d}", layernorm_gelu, spec((n, d), dt), spec((d,), dt), spec((d,), dt))
+    # The pipeline's kernel (examples/pipeline.rs, examples/benches/pipeline_gpu.rs):
+    # small f32 sizes for the CPU demo, bf16 up to 4096x4096 for the GPU benchmark.
+    for n, dt, tag in [(64, jnp.float32, "f32"), (256, jnp.float32, "f32"), (1024, jnp.float32, "f32"),
+                       (256, jnp.bfloat16, "bf16"), (1024, jnp.bfloat16, "bf16"), (4096, jnp.bfloat16, "bf16"),
+                       (4096, jnp.float32, "f32")]:
+        write_text(f"ln_gelu_{tag}_{n}x{n}", ln_gelu, spec((n, n), dt))
     # A large elementwise program to keep a device busy (GPU no-host-sync tests).
     write_text("gelu_scale_f32_16m", gelu_scale, spec((16 * 1024 * 1024,)))
     # The bytecode path: a portable StableHLO artifact (VHLO bytecode) from jax.export.

@@ -1,0 +1,69 @@
+//! Host cost of the PyTorch and XLA adapters on the CPU machine, so that a regression
+//! shows without a GPU (the runtime's own host and mock hand-offs are in
+//! `runtime/benches/handoff.rs`):
+//!
+//! - torch: export of a CPU tensor (+ drop), and export + import + drop;
+//! - xla: export of a CPU PJRT buffer (+ drop), and import of host memory (a torch
+//!   CPU tensor) as a zero-copy PJRT view (+ drop);
+//! - the pipeline's round trip torch -> XLA view -> executed kernel -> torch.
+//!
+//! The XLA benchmarks need `HANDOFF_PJRT_PLUGIN` (a CPU plugin: `cargo xtask env`);
+//! without it they are left out with a message.
+//!
+//! ```text
+//! eval "$(cargo xtask env)"; cargo bench -p handoff-examples --bench adapters
+//! ```
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use handoff::Stream;
+use handoff_examples::model::{Backend, Dtype, Pipeline};
+use std::hint::black_box;
+use tch::{Device, Kind, Tensor};
+
+fn torch(c: &mut Criterion) {
+    let host = Stream::host();
+    let x = Tensor::zeros([256, 256], (Kind::Float, Device::Cpu));
+    c.bench_function("torch cpu export + drop", |b| {
+        b.iter(|| drop(black_box(handoff_torch::export(&x, &host).unwrap())))
+    });
+    c.bench_function("torch cpu export + import + drop", |b| {
+        b.iter(|| {
+            let h = handoff_torch::export(&x, &host).unwrap();
+            drop(black_box(handoff_torch::import(h).unwrap()));
+        })
+    });
+}
+
+fn xla(c: &mut Criterion) {
+    if std::env::var_os(handoff_xla::PLUGIN_ENV).is_none() {
+        println!("xla benchmarks left out: {} is not set (`cargo xtask env`)", handoff_xla::PLUGIN_ENV);
+        return;
+    }
+    let p = match Pipeline::new(Backend::Cpu, Dtype::F32, 256, 0) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("xla benchmarks left out: {e}");
+            return;
+        }
+    };
+    let host = Stream::host();
+    let x = p.initial_x(1).unwrap();
+    let y = p.execute(&p.to_xla(&x).unwrap()).unwrap();
+    y.block_until_ready().unwrap();
+    c.bench_function("xla cpu buffer export + drop", |b| {
+        b.iter(|| drop(black_box(y.export(&host).unwrap())))
+    });
+    c.bench_function("xla cpu view import of a torch tensor + drop", |b| {
+        b.iter(|| drop(black_box(p.to_xla(&x).unwrap())))
+    });
+    c.bench_function("xla cpu buffer -> torch tensor + drop", |b| {
+        b.iter(|| drop(black_box(p.to_torch(&y).unwrap())))
+    });
+    c.bench_function("pipeline kernel 256x256 f32: torch -> xla execute -> torch", |b| {
+        b.iter(|| drop(black_box(p.kernel(&x).unwrap())))
+    });
+    handoff::reaper::flush();
+}
+
+criterion_group!(benches, torch, xla);
+criterion_main!(benches);

@@ -1,0 +1,386 @@
+//! The GPU benchmark of the pipeline (`examples/model.rs`), in one process, at each size
+//! (default 4096x4096 and 256x256 bf16):
+//!
+//! 1. `tch`: the step in PyTorch alone (tch), same math;
+//! 2. `handoff`: the pipeline with handoff (tch -> XLA -> tch), stream-ordered;
+//! 3. `handoff_host_sync`: the same with a forced host sync at every hand-off (what
+//!    naive interop does).
+//!
+//! It reports the median ms per step over `--reps` runs of `--iters` steps (x10 below
+//! 1024) and the ratio to (1); the host cost of each hand-off direction (median of
+//! `--samples`, default 10,000) and of each phase of a step; and the no-host-sync
+//! proof: with ~50 ms of GPU work queued first (`at::cuda::sleep` on PyTorch's stream),
+//! a whole step is enqueued in under 1 ms, with no host sync, the GPU still busy
+//! afterwards, and a correct result. It exits non-zero when the proof or a result
+//! check fails. One machine-readable `BENCH {json}` line per figure, next to
+//! `bench/python_pipeline.py`'s lines (the same keys: variant, n, dtype, ms_per_iter,
+//! ratio_to_torch).
+//!
+//! Without a GPU it prints `SKIPPED: reason` and exits 0 (1 when
+//! `HANDOFF_REQUIRE_GPU=1`, as the GPU bundle sets).
+//!
+//! ```text
+//! cargo xtask gpu-bundle --only handoff-examples   # then gpu-bundle/run.sh on the H200
+//! pipeline_gpu [--sizes 4096,256] [--iters 50] [--reps 7] [--samples 10000] [--trials 10]
+//! ```
+
+use handoff::stats;
+use handoff_examples::model::{self, Backend, Dtype, Phases, Pipeline, PipelineError, SyncMode};
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use tch::Tensor;
+
+/// The enqueue-time limit of the no-host-sync proof.
+const ENQUEUE_LIMIT: Duration = Duration::from_millis(1);
+/// The GPU work queued before each proof trial.
+const QUEUED_MS: f64 = 50.0;
+
+struct Args {
+    sizes: Vec<i64>,
+    iters: usize,
+    reps: usize,
+    samples: usize,
+    trials: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args { sizes: vec![4096, 256], iters: 50, reps: 7, samples: 10_000, trials: 10 };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} takes a value"));
+        let num = |name: &str, v: String| v.parse::<usize>().map_err(|e| format!("{name}: {e}"));
+        match arg.as_str() {
+            "--sizes" => {
+                a.sizes = value("--sizes")?
+                    .split(',')
+                    .map(|s| s.trim().parse().map_err(|e| format!("--sizes: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--iters" => a.iters = num("--iters", value("--iters")?)?,
+            "--reps" => a.reps = num("--reps", value("--reps")?)?,
+            "--samples" => a.samples = num("--samples", value("--samples")?)?,
+            "--trials" => a.trials = num("--trials", value("--trials")?)?,
+            // What `cargo bench` passes to harness-less benches.
+            "--bench" | "--" => {}
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if a.iters == 0 || a.reps == 0 || a.samples == 0 || a.trials == 0 {
+        return Err("--iters, --reps, --samples and --trials must be at least 1".into());
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!(
+                "pipeline_gpu: {e}\nusage: pipeline_gpu [--sizes 4096,256] [--iters 50] [--reps 7] [--samples 10000] [--trials 10]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    handoff_torch::init();
+    let missing =
+        model::cuda_unavailable().or_else(|| model::plugin(Backend::Cuda).err().map(|e| e.to_string()));
+    if let Some(why) = missing {
+        if std::env::var_os("HANDOFF_REQUIRE_GPU").is_some_and(|v| v == "1") {
+            eprintln!("pipeline_gpu: a GPU is required (HANDOFF_REQUIRE_GPU=1) but: {why}");
+            return ExitCode::FAILURE;
+        }
+        println!("SKIPPED: {why}");
+        return ExitCode::SUCCESS;
+    }
+    let mut ok = true;
+    for &n in &args.sizes {
+        match bench_size(n, &args) {
+            Ok(passed) => ok &= passed,
+            Err(e) => {
+                eprintln!("pipeline_gpu: {n}x{n}: {e}");
+                ok = false;
+            }
+        }
+    }
+    if ok {
+        println!("pipeline_gpu: all checks passed");
+        ExitCode::SUCCESS
+    } else {
+        println!("pipeline_gpu: FAILED");
+        ExitCode::FAILURE
+    }
+}
+
+/// A flat JSON object, written by hand (no serde in the examples).
+#[derive(Default)]
+struct Json(String);
+
+impl Json {
+    fn field(&mut self, key: &str, value: impl std::fmt::Display, quoted: bool) -> &mut Json {
+        self.0.push(if self.0.is_empty() { '{' } else { ',' });
+        if quoted {
+            let _ = write!(self.0, "\"{key}\":\"{value}\"");
+        } else {
+            let _ = write!(self.0, "\"{key}\":{value}");
+        }
+        self
+    }
+    fn s(&mut self, key: &str, value: impl std::fmt::Display) -> &mut Json {
+        self.field(key, value, true)
+    }
+    fn n(&mut self, key: &str, value: impl std::fmt::Display) -> &mut Json {
+        self.field(key, value, false)
+    }
+    fn f(&mut self, key: &str, value: f64, digits: usize) -> &mut Json {
+        if value.is_finite() {
+            self.field(key, format!("{value:.digits$}"), false)
+        } else {
+            self.n(key, "null")
+        }
+    }
+    fn print(&mut self) {
+        println!("BENCH {}}}", self.0);
+    }
+}
+
+fn base(variant: &str, p: &Pipeline) -> Json {
+    let mut j = Json::default();
+    j.s("bench", "pipeline_gpu")
+        .s("impl", "rust")
+        .s("variant", variant)
+        .n("n", p.n)
+        .s("dtype", p.dtype.name());
+    j
+}
+
+/// Median ms per step over `reps` runs of `iters` steps, after 3 warm-up steps; each
+/// run ends with a device sync (the benchmark's, not a hand-off's).
+fn timed(
+    p: &Pipeline,
+    x0: &Tensor,
+    iters: usize,
+    reps: usize,
+    mut step: impl FnMut(&Tensor) -> Result<Tensor, PipelineError>,
+) -> Result<f64, PipelineError> {
+    let mut x = x0.shallow_clone();
+    for _ in 0..3 {
+        x = step(&x)?;
+    }
+    p.synchronize();
+    let mut per_iter = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        for _ in 0..iters {
+            x = step(&x)?;
+        }
+        p.synchronize();
+        per_iter.push(t.elapsed() / iters as u32);
+    }
+    Ok(model::median_us(&mut per_iter) / 1e3)
+}
+
+/// GPU clock cycles of `at::cuda::sleep` that keep PyTorch's stream busy for `ms`.
+fn cycles_for(p: &Pipeline, ms: f64) -> Result<i64, PipelineError> {
+    handoff_torch::cuda::sleep(0, 1000)?; // loads the kernel
+    p.synchronize();
+    let probe = 20_000_000i64;
+    let t = Instant::now();
+    handoff_torch::cuda::sleep(0, probe)?;
+    p.synchronize();
+    let per_ms = probe as f64 / (t.elapsed().as_secs_f64() * 1e3);
+    Ok((per_ms * ms) as i64)
+}
+
+fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
+    let dtype = Dtype::Bf16;
+    let p = Pipeline::new(Backend::Cuda, dtype, n, 0)?;
+    let x0 = p.initial_x(1)?;
+    let iters = if n >= 1024 { args.iters } else { args.iters * 10 };
+    let device = p.client().device_by_ordinal(0)?;
+    println!(
+        "== {n}x{n} {}: {} ({}), XLA {}; {iters} steps x {} reps",
+        dtype.name(),
+        device.kind(),
+        p.client().platform(),
+        p.client().platform_version(),
+        args.reps
+    );
+    let mut ok = true;
+
+    // Correctness first: the XLA kernel against PyTorch's on the same h, and one step.
+    let (rtol, atol) = dtype.step_tolerance();
+    let h = p.matmul(&x0)?;
+    let kernel_ok = model::allclose(&p.kernel(&h)?, &model::ln_gelu_torch(&h)?, rtol, atol)?;
+    let step_ok = model::allclose(&p.step(&x0, SyncMode::None, None)?, &p.torch_step(&x0)?, rtol, atol)?;
+    println!(
+        "check: kernel and one step vs PyTorch (|a-b| <= {atol:e} + {rtol:e}*|b|): {}",
+        if kernel_ok && step_ok { "ok" } else { "FAILED" }
+    );
+    ok &= kernel_ok && step_ok;
+    drop(h);
+
+    // (1) PyTorch alone, (2) handoff, (3) handoff with a host sync at each hand-off.
+    let ms_torch = timed(&p, &x0, iters, args.reps, |x| p.torch_step(x))?;
+    let before = stats::stats();
+    let ms_handoff = timed(&p, &x0, iters, args.reps, |x| p.step(x, SyncMode::None, None))?;
+    let s_handoff = stats::stats().since(&before);
+    let before = stats::stats();
+    let ms_synced = timed(&p, &x0, iters, args.reps, |x| p.step(x, SyncMode::EachHandoff, None))?;
+    let s_synced = stats::stats().since(&before);
+    let steps = ((iters * args.reps) + 3) as f64;
+
+    // Where the host time of a step goes.
+    let mut phases = Phases::default();
+    let mut x = x0.shallow_clone();
+    for _ in 0..iters {
+        x = p.step(&x, SyncMode::None, Some(&mut phases))?;
+    }
+    p.synchronize();
+    drop(x);
+    let per_step = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(phases.steps);
+
+    // Host cost of each hand-off direction.
+    let h = p.matmul(&x0)?;
+    let y = p.execute(&p.to_xla(&h)?)?;
+    p.synchronize();
+    let (mut to_xla, mut to_torch, mut release) = (
+        Vec::with_capacity(args.samples),
+        Vec::with_capacity(args.samples),
+        Vec::with_capacity(args.samples),
+    );
+    let before = stats::stats();
+    for _ in 0..args.samples {
+        let t0 = Instant::now();
+        let hx = p.to_xla(&h)?;
+        let t1 = Instant::now();
+        let yt = p.to_torch(&y)?;
+        let t2 = Instant::now();
+        drop(hx);
+        drop(yt);
+        let t3 = Instant::now();
+        to_xla.push(t1 - t0);
+        to_torch.push(t2 - t1);
+        release.push(t3 - t2);
+    }
+    let s_samples = stats::stats().since(&before);
+    p.synchronize();
+    drop((h, y));
+    let (us_to_xla, us_to_torch, us_release) =
+        (model::median_us(&mut to_xla), model::median_us(&mut to_torch), model::median_us(&mut release));
+
+    // The no-host-sync proof.
+    let cycles = cycles_for(&p, QUEUED_MS)?;
+    let t = Instant::now();
+    handoff_torch::cuda::sleep(0, cycles)?;
+    p.synchronize();
+    let queued_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut x = x0.shallow_clone();
+    for _ in 0..3 {
+        x = p.step(&x, SyncMode::None, None)?;
+    }
+    p.synchronize();
+    let (mut enqueue, mut syncs, mut busy, mut correct) = (Vec::new(), 0u64, 0usize, 0usize);
+    for _ in 0..args.trials {
+        handoff_torch::cuda::sleep(0, cycles)?;
+        let global = stats::stats();
+        let t = Instant::now();
+        let (next, local) = stats::measure(|| p.step(&x, SyncMode::None, None));
+        let took = t.elapsed();
+        let next = next?;
+        syncs += local.host_syncs.max(stats::stats().since(&global).host_syncs);
+        // Still running the sleep: the step really was only enqueued.
+        if !p.torch_stream().record()?.query()? {
+            busy += 1;
+        }
+        enqueue.push(took);
+        p.synchronize();
+        if model::allclose(&next, &p.torch_step(&x)?, rtol, atol)? {
+            correct += 1;
+        }
+        x = next;
+    }
+    p.synchronize();
+    let max_enqueue = enqueue.iter().copied().max().unwrap_or_default();
+    let median_enqueue = model::median_us(&mut enqueue);
+    let trials = args.trials;
+    let proof_ok = max_enqueue < ENQUEUE_LIMIT && syncs == 0 && busy == trials && correct == trials;
+    println!(
+        "no-host-sync: {n}x{n}: {trials} steps each enqueued behind {queued_ms:.1} ms of GPU work in max {:.1} us \
+         (median {median_enqueue:.1} us, limit {} us), host syncs {syncs}, GPU still busy after {busy}/{trials}, \
+         correct {correct}/{trials}: {}",
+        max_enqueue.as_secs_f64() * 1e6,
+        ENQUEUE_LIMIT.as_micros(),
+        if proof_ok { "ok" } else { "FAILED" }
+    );
+    ok &= proof_ok;
+
+    let handoff_ok = s_handoff.host_syncs == 0 && s_handoff.copies == 0 && s_samples.host_syncs == 0;
+    if !handoff_ok {
+        println!(
+            "FAILED: the handoff variant made {} host syncs and {} copies (0 and 0 expected); hand-off samples {} host syncs",
+            s_handoff.host_syncs, s_handoff.copies, s_samples.host_syncs
+        );
+    }
+    ok &= handoff_ok;
+
+    base("tch", &p)
+        .n("iters", iters)
+        .n("reps", args.reps)
+        .f("ms_per_iter", ms_torch, 4)
+        .f("ratio_to_torch", 1.0, 3)
+        .print();
+    base("handoff", &p)
+        .n("iters", iters)
+        .n("reps", args.reps)
+        .f("ms_per_iter", ms_handoff, 4)
+        .f("ratio_to_torch", ms_handoff / ms_torch, 3)
+        .n("host_syncs", s_handoff.host_syncs)
+        .n("copies", s_handoff.copies)
+        .f("handoffs_per_iter", s_handoff.exports as f64 / steps, 2)
+        .f("waits_enqueued_per_iter", s_handoff.waits_enqueued as f64 / steps, 2)
+        .f("waits_elided_per_iter", s_handoff.waits_elided as f64 / steps, 2)
+        .f("host_us_torch_to_xla", us_to_xla, 2)
+        .f("host_us_xla_to_torch", us_to_torch, 2)
+        .f("host_us_release_both", us_release, 2)
+        .n("handoff_samples", args.samples)
+        .f("host_us_step", per_step(phases.total()), 2)
+        .f("host_us_torch_matmul", per_step(phases.matmul), 2)
+        .f("host_us_to_xla", per_step(phases.to_xla), 2)
+        .f("host_us_xla_execute", per_step(phases.execute), 2)
+        .f("host_us_to_torch", per_step(phases.to_torch), 2)
+        .f("host_us_torch_add", per_step(phases.add), 2)
+        .f("host_us_release", per_step(phases.release), 2)
+        .print();
+    base("handoff_host_sync", &p)
+        .n("iters", iters)
+        .n("reps", args.reps)
+        .f("ms_per_iter", ms_synced, 4)
+        .f("ratio_to_torch", ms_synced / ms_torch, 3)
+        .f("host_syncs_per_iter", s_synced.host_syncs as f64 / steps, 2)
+        .n("copies", s_synced.copies)
+        .print();
+    base("no_host_sync_proof", &p)
+        .f("queued_ms", queued_ms, 1)
+        .n("trials", trials)
+        .f("enqueue_us_max", max_enqueue.as_secs_f64() * 1e6, 1)
+        .f("enqueue_us_median", median_enqueue, 1)
+        .n("host_syncs", syncs)
+        .n("gpu_busy_after", busy)
+        .n("correct", correct)
+        .n("pass", proof_ok)
+        .print();
+    println!("host time per step by phase (mean of {} steps):", phases.steps);
+    for (name, d) in phases.list() {
+        println!("  {name:<22} {:>8.2} us", per_step(d));
+    }
+    println!(
+        "summary {n}x{n}: tch {ms_torch:.4} ms, handoff {ms_handoff:.4} ms ({:.3}x), host-synced {ms_synced:.4} ms ({:.3}x); \
+         hand-off host cost torch->xla {us_to_xla:.2} us, xla->torch {us_to_torch:.2} us (medians of {})",
+        ms_handoff / ms_torch,
+        ms_synced / ms_torch,
+        args.samples
+    );
+    handoff::reaper::flush();
+    Ok(ok)
+}
