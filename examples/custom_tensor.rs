@@ -1,9 +1,12 @@
-//! A user type deriving `DlpackExchange`, handed through the mock device and
-//! through every registered adapter it can reach (ndarray here; torch and xla join
-//! the list as soon as their adapters are linked), with the stats printed.
+//! A user type deriving `DlpackExchange`, handed through the mock device and to
+//! ndarray, PyTorch and XLA and back through the registry, with the stats printed.
+//!
+//! XLA's CPU client views host memory only when it is 64-byte aligned; a `Vec`'s
+//! memory usually is not, so there the example shows the refusal and then the
+//! explicit, counted copy (`ImportOptions::allow_copy`).
 //!
 //! ```text
-//! cargo run -p handoff-examples --example custom_tensor
+//! eval "$(cargo xtask env)"; cargo run -p handoff-examples --example custom_tensor
 //! ```
 
 use handoff::dtype::{DataType, Element};
@@ -12,6 +15,8 @@ use handoff::registry::{self, Adapter, DeviceKind};
 use handoff::storage::Buffer;
 use handoff::{DlpackExchange, Stream, stats, transfer};
 use handoff_ndarray as _; // links the ndarray adapter, which registers itself
+use handoff_torch as _; // and PyTorch's
+use handoff_xla::ImportOptions;
 
 /// A user's image type: pixels in any storage that can adopt, a shape, and the
 /// stream its pending writes are on (`None` = written by the host).
@@ -55,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (on_consumer, d2) = stats::measure(|| transfer::<MockTensor>(image, &consumer));
     let on_consumer = on_consumer?;
     mock.launch(&consumer, Kernel::new("blur").micros(10).reads(on_consumer.buffer()));
-    mock.run_until_idle();
+    mock.synchronize();
     println!("mock: MockTensor -> Image (same stream) {d1:?}");
     println!("mock: Image -> MockTensor on another stream {d2:?}");
     println!("mock: hazards: {:?}, pixels: {:?}", mock.hazards(), mock.read_f32(&on_consumer));
@@ -77,7 +82,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             caption: "host image".into(),
         };
         let (there, d_there) = stats::measure(|| registry::convert(Box::new(image), "image", target, &host));
-        let there = there?;
+        let there = match there {
+            Ok(there) => there,
+            Err(refused) if target == "xla" => {
+                println!("xla: zero-copy view refused: {refused}");
+                let image = Image {
+                    pixels: Buffer::from(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]),
+                    shape: [2, 3],
+                    stream: None,
+                    caption: "host image".into(),
+                };
+                let h = handoff::Export::export(image, &host)?;
+                let copied =
+                    handoff_xla::registry_client()?.import_with(h, ImportOptions::default().allow_copy())?;
+                println!("xla: imported with an explicit copy (is_copied: {})", copied.is_copied());
+                Box::new(copied)
+            }
+            Err(e) => return Err(e.into()),
+        };
         let (back, d_back) = stats::measure(|| registry::convert(there, target, "image", &host));
         let back = back?.downcast::<Image<f32>>().map_err(|_| "the image adapter returned another type")?;
         println!(

@@ -142,8 +142,14 @@ impl Client {
         self.import_with(handoff, ImportOptions::default())
     }
 
-    /// Imports a hand-off, with options.
+    /// Imports a hand-off, with options (counted in `stats` as an import).
     pub fn import_with(&self, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
+        let buffer = self.import_uncounted(handoff, options)?;
+        handoff_runtime::stats::count(handoff_runtime::stats::Counter::Imports, 1);
+        Ok(buffer)
+    }
+
+    fn import_uncounted(&self, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
         let dtype = handoff.dtype();
         let t = dtype::to_pjrt(dtype).ok_or_else(|| {
             XlaError::invalid(
