@@ -279,8 +279,7 @@ impl Handoff {
         let prepared = Dynamic::new(shape, &strides[..])
             .prepare()
             .map_err(|_| ValidationError::ShapeOverflow { shape: shape.to_vec() })?;
-        let owner =
-            Box::new(Owner { keep_alive: Some(foreign), release_after: Some(consumer.clone()) });
+        let owner = Box::new(Owner { keep_alive: Some(foreign), release_after: Some(consumer.clone()) });
         let mut init = prepared.initialize(owner);
         init.set_data(t.data).set_device(t.device).set_dtype(t.dtype).set_byte_offset(t.byte_offset);
         // SAFETY: the flags are the producer's own, passed on unchanged.

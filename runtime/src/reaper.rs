@@ -31,6 +31,11 @@ struct Queue {
 
 struct Reaper {
     queue: Mutex<Queue>,
+    /// Held by whoever is taking releases out of the queue and performing them (the
+    /// reaper thread's sweep, a flush), from taking to done: so that a flush that
+    /// finds a stream's queue empty knows the releases taken before it have happened,
+    /// not merely left the queue. Lock order: `busy`, then `queue`.
+    busy: Mutex<()>,
     wake: Condvar,
     pending: AtomicUsize,
     released: AtomicU64,
@@ -49,6 +54,7 @@ fn reaper() -> &'static Reaper {
         unsafe { atexit(drain_at_exit) };
         Reaper {
             queue: Mutex::new(Queue::default()),
+            busy: Mutex::new(()),
             wake: Condvar::new(),
             pending: AtomicUsize::new(0),
             released: AtomicU64::new(0),
@@ -127,7 +133,6 @@ fn run() {
     let r = reaper();
     let mut backoff = Duration::from_micros(5);
     loop {
-        let mut done = Vec::new();
         {
             let Ok(mut q) = r.queue.lock() else { return };
             while q.by_stream.is_empty() && !q.shutdown {
@@ -139,6 +144,12 @@ fn run() {
             if q.shutdown && q.by_stream.is_empty() {
                 return;
             }
+        }
+        let mut done = Vec::new();
+        // Held until the releases taken are done (see `Reaper::busy`).
+        let busy = r.busy.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let Ok(mut q) = r.queue.lock() else { return };
             q.by_stream.retain(|_, fifo| {
                 // A failed query means the device is gone; nothing runs there any more.
                 while fifo.front().is_some_and(|p| p.event.query().unwrap_or(true)) {
@@ -148,12 +159,14 @@ fn run() {
             });
         }
         if done.is_empty() {
+            drop(busy);
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_micros(500));
             continue;
         }
         backoff = Duration::from_micros(5);
         finish(r, done);
+        drop(busy);
     }
 }
 
@@ -186,6 +199,9 @@ fn stream_key(stream: &Stream) -> StreamKey {
 
 fn flush_where(select: impl Fn(&StreamKey) -> bool) {
     let Some(r) = REAPER.get() else { return };
+    // Waits for a sweep of the reaper thread that may hold releases of `select`ed
+    // streams it has taken out of the queue but not yet performed.
+    let _busy = r.busy.lock().unwrap_or_else(|p| p.into_inner());
     let taken: Vec<VecDeque<Pending>> = match r.queue.lock() {
         Ok(mut q) => {
             let keys: Vec<StreamKey> = q.by_stream.keys().filter(|k| select(k)).copied().collect();
