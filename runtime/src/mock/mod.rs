@@ -98,7 +98,7 @@ impl Mock {
     /// Allocates `len` zeroed bytes on a device. A block freed earlier with the same
     /// size is reused first, as caching allocators do.
     pub fn alloc(&self, device: u32, name: &str, len: usize) -> BufferId {
-        BufferId(self.world.sim().alloc(device, name, len))
+        BufferId(self.world.sim().alloc(device, name, len, None))
     }
 
     /// A tensor of `f32` on `stream`'s device, filled from the host (a host write,

@@ -57,6 +57,8 @@ pub(crate) struct Storage {
     lines: Box<[Line]>,
     len: usize,
     free: bool,
+    /// The stream it was freed on, in stream order (`None`: by the host).
+    freed_on: Option<u64>,
 }
 
 impl Storage {
@@ -175,10 +177,13 @@ impl Sim {
         self.streams.get(s as usize).map(|st| st.device)
     }
 
-    pub fn alloc(&mut self, device: u32, name: &str, len: usize) -> usize {
+    /// Allocates on `stream` (or from the host with `None`).
+    pub fn alloc(&mut self, device: u32, name: &str, len: usize, on: Option<u64>) -> usize {
         // Reuse a freed block of the same size first, as caching allocators do: a
-        // release that came too early then shows up as corrupted data.
-        let storage = match self.storages.iter().position(|s| s.free && s.len == len) {
+        // release that came too early then shows up as corrupted data. A block freed
+        // in order on a stream goes back to that stream's allocations (or the host's).
+        let reusable = |s: &Storage| s.free && s.len == len && (s.freed_on.is_none() || s.freed_on == on);
+        let storage = match self.storages.iter().position(reusable) {
             Some(i) => {
                 self.storages[i].free = false;
                 self.storages[i].bytes_mut().fill(0);
@@ -186,7 +191,7 @@ impl Sim {
             }
             None => {
                 let lines = vec![Line([0; 64]); len.div_ceil(64).max(1)].into_boxed_slice();
-                self.storages.push(Storage { lines, len, free: false });
+                self.storages.push(Storage { lines, len, free: false, freed_on: None });
                 self.storages.len() - 1
             }
         };
@@ -367,9 +372,22 @@ impl Sim {
         self.storages[self.buffers[buffer].storage].bytes().to_vec()
     }
 
-    pub fn release(&mut self, buffer: usize) {
-        let (op, _) = self.host_op(&format!("release of `{}`", self.buffers[buffer].name));
-        let clock = self.host_clock.clone();
+    /// Releases a buffer: by the host (`None`), or in order on a stream, as
+    /// stream-ordered allocators free (`cudaFreeAsync`, PyTorch's caching allocator).
+    pub fn release(&mut self, buffer: usize, on: Option<u64>) {
+        let name = format!("release of `{}`", self.buffers[buffer].name);
+        let (op, clock) = match on {
+            Some(stream) => {
+                let host_clock = self.host_clock.clone();
+                let on = self.stream_name(stream);
+                let st = &mut self.streams[stream as usize];
+                st.clock.join(&host_clock);
+                st.seq += 1;
+                st.clock.set(stream as usize + 1, st.seq);
+                (OpRef { name, on }, st.clock.clone())
+            }
+            None => (self.host_op(&name).0, self.host_clock.clone()),
+        };
         let b = &mut self.buffers[buffer];
         for a in &b.history {
             if !a.before(&clock) {
@@ -383,6 +401,7 @@ impl Sim {
         }
         b.released = Some(op);
         self.storages[b.storage].free = true;
+        self.storages[b.storage].freed_on = on;
     }
 
     pub fn is_released(&self, buffer: usize) -> bool {

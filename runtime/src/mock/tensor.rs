@@ -9,15 +9,18 @@ use crate::ordered::StreamOrdered;
 use crate::stream::Stream;
 use std::sync::Arc;
 
-/// Releases a buffer when the last owner goes.
+/// Releases a buffer when the last owner goes, in order on the stream it was
+/// allocated on, as stream-ordered allocators do: work enqueued there before the
+/// release is done before the memory is reused; work on other streams is not.
 struct BufferOwner {
     world: Arc<World>,
     buffer: BufferId,
+    stream: u64,
 }
 
 impl Drop for BufferOwner {
     fn drop(&mut self) {
-        self.world.sim().release(self.buffer.0);
+        self.world.sim().release(self.buffer.0, Some(self.stream));
     }
 }
 
@@ -56,7 +59,7 @@ impl MockTensor {
             panic!("{stream:?} is not a mock stream");
         };
         let n: usize = shape.iter().map(|&d| d.max(0) as usize).product();
-        let buffer = mock.alloc(device, name, n * 4);
+        let buffer = BufferId(mock.world.sim().alloc(device, name, n * 4, Some(stream.raw())));
         let bytes: Vec<u8> = values.iter().take(n).flat_map(|v| v.to_ne_bytes()).collect();
         mock.write_bytes(buffer, &bytes);
         let data = mock.world.sim().storage_ptr(buffer.0);
@@ -67,7 +70,11 @@ impl MockTensor {
             dtype: DataType::F32,
             shape: shape.to_vec(),
             data,
-            _owner: Owner::Own(Arc::new(BufferOwner { world: mock.world.clone(), buffer })),
+            _owner: Owner::Own(Arc::new(BufferOwner {
+                world: mock.world.clone(),
+                buffer,
+                stream: stream.raw(),
+            })),
         }
     }
 
