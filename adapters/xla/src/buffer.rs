@@ -85,9 +85,14 @@ pub(crate) struct BufferInner {
     pub(crate) shape: Vec<i64>,
     pub(crate) copied: bool,
     pub(crate) view: Option<ViewWatch>,
+    /// Serializes the external-reference count changes of this buffer: the C API
+    /// keeps them in a plain list per `PJRT_Buffer`, and exports (on the caller's
+    /// thread) and releases (on the reaper's) of one buffer can overlap.
+    pub(crate) external_refs: std::sync::Mutex<()>,
 }
 
-// SAFETY: PJRT buffers are thread-safe handles.
+// SAFETY: PJRT buffers are thread-safe handles; the external-reference list, which
+// is not, is only changed under `external_refs`.
 unsafe impl Send for BufferInner {}
 // SAFETY: as above.
 unsafe impl Sync for BufferInner {}
@@ -164,6 +169,7 @@ impl Buffer {
                     shape,
                     copied,
                     view,
+                    external_refs: std::sync::Mutex::new(()),
                 }),
             }),
             Err(e) => {

@@ -276,6 +276,7 @@ struct ExternalRef {
 
 impl Drop for ExternalRef {
     fn drop(&mut self) {
+        let _serial = self.buffer.external_refs.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the reference was increased in `Buffer::export`, and the buffer is
         // alive (this Arc), so the decrease matches it exactly once.
         if let Err(e) = unsafe { self.buffer.client.api().buffer_external_reference(self.buffer.raw, false) }
@@ -301,8 +302,11 @@ impl Buffer {
     pub fn export(&self, consumer: &Stream) -> handoff_runtime::Result<Handoff> {
         let ready = self.ready_on(consumer)?;
         let api = self.api();
-        // SAFETY: live buffer; matched by `ExternalRef`'s drop.
-        unsafe { api.buffer_external_reference(self.raw(), true) }?;
+        {
+            let _serial = self.inner.external_refs.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: live buffer; matched by `ExternalRef`'s drop.
+            unsafe { api.buffer_external_reference(self.raw(), true) }?;
+        }
         let keep = ExternalRef { buffer: self.inner.clone() };
         let data = self.device_pointer()?;
         let device = self.device().handoff_device();

@@ -174,6 +174,16 @@ pub fn other_stream_to_torch(label: &str) {
     let (producer, producer_raw) = side_stream();
     assert_ne!(torch, producer);
     let busy = cycles_for(50.0);
+    // Warm-up: CUDA loads a kernel lazily at its first launch, and loading one while
+    // another kernel runs blocks the host until it ends. Launch each kernel once first.
+    {
+        let _on_producer = cuda::use_raw_stream(0, producer_raw).unwrap();
+        let mut x = Tensor::empty([N], F32_CUDA);
+        let _ = x.fill_(1.0);
+        let _ = &x * 1.0;
+    }
+    let _ = &Tensor::empty([N], F32_CUDA).fill_(1.0) * 1.0;
+    sync();
     let (mut good, mut slowest) = (0, Duration::ZERO);
     for trial in 0..TRIALS {
         let v = -500.0 - trial as f64;
