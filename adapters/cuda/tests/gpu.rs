@@ -163,7 +163,7 @@ fn pool_creates_no_events_after_warm_up() {
     // Keep the consumer stream busy so that none of the 300 releases completes before
     // all are queued: the pool then holds more events than the loop below needs.
     let scratch = c.alloc_zeros::<u32>(1).unwrap();
-    g.spin_fill(c.cu_stream(), ptr(&scratch), 1, 0, 20_000_000);
+    g.kernels.spin_fill(c.cu_stream(), ptr(&scratch), 1, 0, 20_000_000);
     drop(held);
     assert!(eventually(5000, || reaper::pending() == 0), "the reaper did not drain the warm-up");
     let pool = || ps.backend().event_pool().created();
