@@ -264,6 +264,7 @@ impl Handoff {
     ) -> Result<Handoff> {
         // SAFETY: validated above; metadata is immutable while owned.
         let t: DLTensor = *unsafe { foreign.tensor() };
+        // SAFETY: validated: `ndim` readable shape values when ndim > 0.
         let shape: &[i64] =
             if t.ndim == 0 { &[] } else { unsafe { std::slice::from_raw_parts(t.shape, t.ndim as usize) } };
         let strides: Cow<'_, [i64]> = if t.ndim == 0 {
@@ -274,6 +275,7 @@ impl Handoff {
                     .map_err(|_| ValidationError::ShapeOverflow { shape: shape.to_vec() })?,
             )
         } else {
+            // SAFETY: validated: non-null strides point to `ndim` readable values.
             Cow::Borrowed(unsafe { std::slice::from_raw_parts(t.strides, t.ndim as usize) })
         };
         let prepared = Dynamic::new(shape, &strides[..])

@@ -93,8 +93,8 @@ fn foreign_producer_dropped_early(ordered: bool, trials: usize) -> usize {
         } else {
             sync(); // the control orders the fill itself, but not the lifetime
             cuda::sleep(0, busy).unwrap(); // PyTorch's stream is busy for 50 ms
+            // SAFETY: the memory is alive here; freeing it below is the bug under test.
             let view = unsafe {
-                // SAFETY: the memory is alive here; freeing it below is the bug under test.
                 Tensor::from_blob(foreign.tensor.data_ptr() as *const u8, &[N], &[1], F32_CUDA.0, F32_CUDA.1)
             };
             let out = &view * 1.0;
