@@ -472,9 +472,9 @@ fn probe() -> Vec<handoff_runtime::registry::Probe> {
     use handoff_runtime::registry::Probe;
     vec![match handoff_runtime::cuda::device_count() {
         Ok(n) => {
-            Probe::found("CUDA driver", format!("{} loaded, {n} device(s)", handoff_runtime::cuda::LIBRARY))
+            Probe::found("CUDA devices", format!("{} loaded, {n} device(s)", handoff_runtime::cuda::LIBRARY))
         }
-        Err(e) => Probe::not_found("CUDA driver", e.to_string()),
+        Err(e) => Probe::not_found("CUDA devices", e.to_string()),
     }]
 }
 

@@ -75,8 +75,8 @@ fn probe() -> Vec<handoff_runtime::registry::Probe> {
         Err(e) => Probe::not_found(what, e.to_string()),
     };
     vec![
-        line("PJRT plugin ($HANDOFF_PJRT_PLUGIN)", Plugin::from_env()),
-        line("PJRT CUDA plugin (JAX's)", Plugin::cuda()),
+        line("PJRT plugins: $HANDOFF_PJRT_PLUGIN", Plugin::from_env()),
+        line("PJRT plugins: JAX's CUDA plugin", Plugin::cuda()),
     ]
 }
 
