@@ -13,7 +13,7 @@
 //! The StableHLO programs are embedded in the binary (`include_str!`), so it runs
 //! from anywhere; `adapters/xla/programs/export.py` generates them.
 
-use handoff::{Device, Stream};
+use handoff::{Device, Handoff, Stream};
 use handoff_xla::{Buffer, Client, ClientOptions, Executable, Plugin, Program, XlaError};
 use std::time::{Duration, Instant};
 use tch::{Kind, TchError, Tensor};
@@ -361,13 +361,31 @@ impl Pipeline {
 
     /// Hands a PyTorch tensor to XLA as a zero-copy PJRT view.
     pub fn to_xla(&self, h: &Tensor) -> Result<Buffer> {
-        let handoff = handoff_torch::export_from(h, &self.torch_stream, &self.ready)?;
+        self.import_into_xla(self.export_for_xla(h)?)
+    }
+
+    /// The PyTorch half of [`to_xla`](Self::to_xla): `h` made ready on XLA's stream.
+    pub fn export_for_xla(&self, h: &Tensor) -> Result<Handoff> {
+        Ok(handoff_torch::export_from(h, &self.torch_stream, &self.ready)?)
+    }
+
+    /// The XLA half of [`to_xla`](Self::to_xla): the view.
+    pub fn import_into_xla(&self, handoff: Handoff) -> Result<Buffer> {
         Ok(self.client.import(handoff)?)
     }
 
     /// Hands an XLA buffer back to PyTorch as a zero-copy tensor on PyTorch's stream.
     pub fn to_torch(&self, y: &Buffer) -> Result<Tensor> {
-        let handoff = y.export(&self.torch_stream)?;
+        self.import_into_torch(self.export_for_torch(y)?)
+    }
+
+    /// The XLA half of [`to_torch`](Self::to_torch): `y` made ready on PyTorch's stream.
+    pub fn export_for_torch(&self, y: &Buffer) -> Result<Handoff> {
+        Ok(y.export(&self.torch_stream)?)
+    }
+
+    /// The PyTorch half of [`to_torch`](Self::to_torch): the tensor view.
+    pub fn import_into_torch(&self, handoff: Handoff) -> Result<Tensor> {
         let options = handoff_torch::ImportOptions::new().stream(self.torch_stream.clone());
         Ok(handoff_torch::import_with(handoff, &options)?)
     }

@@ -249,12 +249,18 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
         Vec::with_capacity(args.samples),
         Vec::with_capacity(args.samples),
     );
+    // Each direction split into its export and its import half.
+    let mut halves: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(args.samples));
     let before = stats::stats();
     for _ in 0..args.samples {
         let t0 = Instant::now();
-        let hx = p.to_xla(&h)?;
+        let handoff = p.export_for_xla(&h)?;
+        let ta = Instant::now();
+        let hx = p.import_into_xla(handoff)?;
         let t1 = Instant::now();
-        let yt = p.to_torch(&y)?;
+        let handoff = p.export_for_torch(&y)?;
+        let tb = Instant::now();
+        let yt = p.import_into_torch(handoff)?;
         let t2 = Instant::now();
         drop(hx);
         drop(yt);
@@ -262,7 +268,20 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
         to_xla.push(t1 - t0);
         to_torch.push(t2 - t1);
         release.push(t3 - t2);
+        halves[0].push(ta - t0);
+        halves[1].push(t1 - ta);
+        halves[2].push(tb - t1);
+        halves[3].push(t2 - tb);
     }
+    let [mut torch_export, mut xla_import, mut xla_export, mut torch_import] = halves;
+    println!(
+        "hand-off halves, median of {} (us): torch export {:.2}, XLA import (view) {:.2}; XLA export {:.2}, torch import {:.2}",
+        args.samples,
+        model::median_us(&mut torch_export),
+        model::median_us(&mut xla_import),
+        model::median_us(&mut xla_export),
+        model::median_us(&mut torch_import)
+    );
     let s_samples = stats::stats().since(&before);
     p.synchronize();
     drop((h, y));
