@@ -103,8 +103,7 @@ struct Described {
 /// Reads and checks everything an export needs; refuses what DLPack cannot describe.
 fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Described, TorchError> {
     let mut facts = ffi::Facts::default();
-    let cap = MAX_NDIM as usize;
-    let (mut shape, mut strides) = (vec![0i64; cap], vec![0i64; cap]);
+    let (mut shape, mut strides) = ([0i64; MAX_NDIM as usize], [0i64; MAX_NDIM as usize]);
     // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `tensor`; the buffers
     // hold `cap` values each; the shim catches every exception.
     ffi::check("describe", unsafe {
@@ -133,11 +132,11 @@ fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Described, Torch
         (1, Ok(i)) => Device::Cuda(i),
         _ => return Err(TorchError::UnsupportedDevice { device: ffi::name(&facts.device_name) }),
     };
-    if facts.ndim > MAX_NDIM {
+    if facts.ndim > MAX_NDIM || facts.ndim < 0 {
         return Err(TorchError::TooManyDims { ndim: facts.ndim, max: MAX_NDIM });
     }
-    shape.truncate(facts.ndim as usize);
-    strides.truncate(facts.ndim as usize);
+    let ndim = facts.ndim as usize;
+    let (shape, strides) = (shape[..ndim].to_vec(), strides[..ndim].to_vec());
     if facts.requires_grad != 0 {
         return Err(TorchError::RequiresGrad { shape });
     }
@@ -265,7 +264,8 @@ impl Export for TorchTensor {
     /// caching allocator (`recordStream`) so that the block outlives the consumer's
     /// queued work, or else leaves the release to the reaper.
     fn export(self, consumer: &Stream) -> Result<Handoff> {
-        describe_tensor(&self.tensor)?;
+        // `new` checked the tensor; `describe` (in `with_keep_alive`) reads it again
+        // and refuses it if it changed since.
         let same = self.stream.as_ref() == Some(consumer);
         let ready = self.ready_on(consumer)?;
         let release = if same { Release::Immediately } else { release_for(&self, consumer)? };
