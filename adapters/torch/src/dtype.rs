@@ -27,29 +27,17 @@ const TABLE: &[(i32, DataType)] = &[
     (44, DataType::F8E8M0FNU),
 ];
 
-/// Every dtype the torch adapter exchanges, for the registry.
-pub(crate) const DTYPES: &[DataType] = &[
-    DataType::U8,
-    DataType::I8,
-    DataType::I16,
-    DataType::I32,
-    DataType::I64,
-    DataType::F16,
-    DataType::F32,
-    DataType::F64,
-    DataType::C64,
-    DataType::C128,
-    DataType::BOOL,
-    DataType::BF16,
-    DataType::F8E5M2,
-    DataType::F8E4M3FN,
-    DataType::F8E5M2FNUZ,
-    DataType::F8E4M3FNUZ,
-    DataType::U16,
-    DataType::U32,
-    DataType::U64,
-    DataType::F8E8M0FNU,
-];
+/// Every dtype the torch adapter exchanges, for the registry: the DLPack side of
+/// [`TABLE`].
+pub(crate) const DTYPES: [DataType; TABLE.len()] = {
+    let mut dtypes = [DataType::U8; TABLE.len()];
+    let mut i = 0;
+    while i < TABLE.len() {
+        dtypes[i] = TABLE[i].1;
+        i += 1;
+    }
+    dtypes
+};
 
 /// The DLPack dtype of a `c10::ScalarType`, if handoff exchanges it.
 pub(crate) fn to_dlpack(scalar_type: i32) -> Option<DataType> {
@@ -74,12 +62,6 @@ pub(crate) fn hint(scalar_type: i32) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_registry_list_is_the_table() {
-        assert_eq!(DTYPES.len(), TABLE.len());
-        assert!(TABLE.iter().all(|(_, d)| DTYPES.contains(d)));
-    }
 
     #[test]
     fn the_table_is_a_bijection_of_valid_dtypes() {

@@ -474,7 +474,7 @@ handoff_runtime::registry::submit! {
     handoff_runtime::registry::Adapter::new("torch", env!("CARGO_PKG_VERSION"))
         .about("PyTorch tensors through tch 0.24 (PyTorch 2.11), CPU and CUDA")
         .devices(&[handoff_runtime::registry::DeviceKind::Host, handoff_runtime::registry::DeviceKind::Cuda])
-        .dtypes(dtype::DTYPES)
+        .dtypes(&dtype::DTYPES)
         .exports::<TorchTensor>()
         .imports::<TorchTensor>()
         .probe(probe)
