@@ -13,10 +13,11 @@ use handoff::dtype::{DataType, Element};
 use handoff::mock::{Kernel, Mock, MockTensor};
 use handoff::registry::{self, Adapter, DeviceKind};
 use handoff::storage::Buffer;
-use handoff::{DlpackExchange, Stream, stats, transfer};
+use handoff::{DlpackExchange, Export, Stream, stats, transfer};
 use handoff_ndarray as _; // links the ndarray adapter, which registers itself
 use handoff_torch as _; // and PyTorch's
-use handoff_xla::ImportOptions;
+use handoff_xla::{Client, ImportOptions};
+use std::any::Any;
 
 /// A user's image type: pixels in any storage that can adopt, a shape, and the
 /// stream its pending writes are on (`None` = written by the host).
@@ -55,9 +56,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &producer,
         Kernel::new("render").micros(40).writes(id).run(move |k| k.write_f32(id, &[0.5; 6])),
     );
-    let (image, d1) = stats::measure(|| transfer::<Image<f32>>(src, &producer));
+    let (image, d1) = stats::measure(|| transfer::<Image<f32>, _, _>(src, &producer));
     let image = image?;
-    let (on_consumer, d2) = stats::measure(|| transfer::<MockTensor>(image, &consumer));
+    let (on_consumer, d2) = stats::measure(|| transfer::<MockTensor, _, _>(image, &consumer));
     let on_consumer = on_consumer?;
     mock.launch(&consumer, Kernel::new("blur").micros(10).reads(on_consumer.buffer()));
     mock.synchronize();
@@ -65,8 +66,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("mock: Image -> MockTensor on another stream {d2:?}");
     println!("mock: hazards: {:?}, pixels: {:?}", mock.hazards(), mock.read_f32(&on_consumer));
 
-    // 2. Through every registered adapter that takes host f32 memory.
+    // 2. Through every registered adapter that takes host f32 memory. Each imports
+    //    into its context: a stream (the host here), or for XLA the client it views
+    //    the memory in (`registry::convert_into`).
     let host = Stream::host();
+    let client = std::env::var_os(handoff_xla::PLUGIN_ENV).map(|_| Client::from_env()).transpose()?;
     for &target in TARGETS {
         let adapter = match registry::find(target) {
             Ok(a) => a,
@@ -75,30 +79,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 continue;
             }
         };
-        let image = Image {
+        let ctx: &dyn Any = match (target, &client) {
+            ("xla", Some(client)) => client,
+            ("xla", None) => {
+                println!("xla: skipped ({} is not set: `cargo xtask env`)", handoff_xla::PLUGIN_ENV);
+                continue;
+            }
+            _ => &host,
+        };
+        let image = || Image {
             pixels: Buffer::from(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]),
             shape: [2, 3],
             stream: None,
             caption: "host image".into(),
         };
-        let (there, d_there) = stats::measure(|| registry::convert(Box::new(image), "image", target, &host));
-        let there = match there {
-            Ok(there) => there,
-            Err(refused) if target == "xla" => {
+        let (there, d_there) =
+            stats::measure(|| registry::convert_into(Box::new(image()), "image", target, ctx));
+        let there = match (there, &client) {
+            (Ok(there), _) => there,
+            (Err(refused), Some(client)) if target == "xla" => {
                 println!("xla: zero-copy view refused: {refused}");
-                let image = Image {
-                    pixels: Buffer::from(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]),
-                    shape: [2, 3],
-                    stream: None,
-                    caption: "host image".into(),
-                };
-                let h = handoff::Export::export(image, &host)?;
-                let copied =
-                    handoff_xla::registry_client()?.import_with(h, ImportOptions::default().allow_copy())?;
+                let h = image().export(&host)?;
+                let copied = client.import_with(h, ImportOptions::default().allow_copy())?;
                 println!("xla: imported with an explicit copy (is_copied: {})", copied.is_copied());
                 Box::new(copied)
             }
-            Err(e) => return Err(e.into()),
+            (Err(e), _) => return Err(e.into()),
         };
         let (back, d_back) = stats::measure(|| registry::convert(there, target, "image", &host));
         let back = back?.downcast::<Image<f32>>().map_err(|_| "the image adapter returned another type")?;

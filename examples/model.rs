@@ -5,16 +5,17 @@
 //! last axis, eps 1e-5, no affine, computed in f32 and cast back), then the residual
 //! `x = x + y` in PyTorch. `bench/python_pipeline.py` does the same math in Python.
 //!
-//! `h` goes to XLA and `y` comes back through handoff: no copy; on CUDA the readiness
-//! is an event wait enqueued on the consumer's stream and the host never waits; on the
-//! CPU the XLA-to-torch hand-off waits on the host (a counted host sync) when XLA's
-//! CPU execution is still running, since the host is then the consumer.
+//! The kernel is one call, `let y: Tensor = kernel.call1(&h)?`: `h` goes to XLA and `y`
+//! comes back through handoff with no copy and no stream written; on CUDA the
+//! readiness is an event wait enqueued on the consumer's stream and the host never
+//! waits, and `y` is ready on PyTorch's current stream; on the CPU the XLA-to-torch
+//! hand-off waits on the host (a counted host sync) when XLA's CPU execution is still
+//! running, since the host is then the consumer.
 //!
 //! The StableHLO programs are embedded in the binary (`include_str!`), so it runs
 //! from anywhere; `adapters/xla/programs/export.py` generates them.
 
-use handoff::{Device, Handoff, Stream};
-use handoff_xla::{Buffer, Client, ClientOptions, Executable, Plugin, Program, XlaError};
+use handoff_xla::{Client, ClientOptions, CompileOptions, Kernel, Plugin, Program, XlaError};
 use std::time::{Duration, Instant};
 use tch::{Kind, TchError, Tensor};
 
@@ -218,16 +219,6 @@ pub fn ln_gelu_torch(h: &Tensor) -> Result<Tensor> {
     Ok(normed.f_gelu("tanh")?.f_to_kind(h.kind())?)
 }
 
-/// How the pipeline hands off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyncMode {
-    /// Stream-ordered hand-offs: the host never waits.
-    None,
-    /// A host sync before each hand-off (PyTorch's stream before `h` goes to XLA, the
-    /// XLA output before it comes back): what naive interop does. Counted.
-    EachHandoff,
-}
-
 /// Host time spent in each phase of the step, summed over the steps timed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Phases {
@@ -235,28 +226,22 @@ pub struct Phases {
     pub steps: u32,
     /// `h = x @ w` (tch dispatch).
     pub matmul: Duration,
-    /// torch -> XLA: export `h` + import as a PJRT view.
-    pub to_xla: Duration,
-    /// PJRT execute of the kernel.
-    pub execute: Duration,
-    /// XLA -> torch: export the output + import as a tensor.
-    pub to_torch: Duration,
+    /// The kernel call: `h` to XLA, the execution enqueued, `y` back to PyTorch.
+    pub kernel: Duration,
     /// `x + y` (tch dispatch).
     pub add: Duration,
-    /// Dropping the views (stream-ordered releases).
+    /// Dropping `h` and `y` (stream-ordered releases).
     pub release: Duration,
 }
 
 impl Phases {
     /// The phases as `(name, total)`.
-    pub fn list(&self) -> [(&'static str, Duration); 6] {
+    pub fn list(&self) -> [(&'static str, Duration); 4] {
         [
             ("torch matmul", self.matmul),
-            ("hand-off torch->xla", self.to_xla),
-            ("xla execute", self.execute),
-            ("hand-off xla->torch", self.to_torch),
+            ("xla kernel call", self.kernel),
             ("torch residual add", self.add),
-            ("release views", self.release),
+            ("release", self.release),
         ]
     }
 
@@ -266,7 +251,7 @@ impl Phases {
     }
 }
 
-/// The pipeline: a compiled kernel, the weight, and the streams of both frameworks.
+/// The pipeline: the XLA kernel and the weight.
 pub struct Pipeline {
     /// Where it runs.
     pub backend: Backend,
@@ -275,12 +260,8 @@ pub struct Pipeline {
     /// `x` and `w` are `n x n`.
     pub n: i64,
     client: Client,
-    exe: Executable,
+    kernel: Kernel,
     torch_device: tch::Device,
-    /// PyTorch's current stream (the host on CPU): where matmul and add run.
-    torch_stream: Stream,
-    /// XLA's stream for external ready events (the host on CPU).
-    ready: Stream,
     w: Tensor,
 }
 
@@ -309,21 +290,12 @@ impl Pipeline {
             Backend::Cpu => ClientOptions::default(),
         };
         let client = Client::new(plugin, &options)?;
-        let exe = client.compile(&Program::text(text))?;
-        let (torch_stream, ready) = match backend {
-            Backend::Cpu => (Stream::host(), Stream::host()),
-            Backend::Cuda => {
-                let torch = handoff_torch::current_stream(Device::Cuda(0))?
-                    .ok_or_else(|| PipelineError::NoCuda("PyTorch has no current stream".into()))?;
-                let ready = client.ready_stream(&client.device_by_ordinal(0)?)?;
-                (torch, ready)
-            }
-        };
+        let kernel = Kernel::compile(&client, Program::text(text), &CompileOptions::default())?;
         tch::manual_seed(seed);
         let w = Tensor::f_randn([n, n], (Kind::Float, torch_device))?
             .f_div_scalar((n as f64).sqrt())?
             .f_to_kind(dtype.kind())?;
-        Ok(Pipeline { backend, dtype, n, client, exe, torch_device, torch_stream, ready, w })
+        Ok(Pipeline { backend, dtype, n, client, kernel, torch_device, w })
     }
 
     /// A starting `x`: `randn * 0.1`, seeded.
@@ -339,19 +311,14 @@ impl Pipeline {
         &self.client
     }
 
+    /// The XLA kernel.
+    pub fn xla_kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
     /// The tch device.
     pub fn torch_device(&self) -> tch::Device {
         self.torch_device
-    }
-
-    /// PyTorch's stream (the host on CPU).
-    pub fn torch_stream(&self) -> &Stream {
-        &self.torch_stream
-    }
-
-    /// XLA's ready stream (the host on CPU).
-    pub fn xla_stream(&self) -> &Stream {
-        &self.ready
     }
 
     /// `h = x @ w`.
@@ -359,93 +326,34 @@ impl Pipeline {
         Ok(x.f_matmul(&self.w)?)
     }
 
-    /// Hands a PyTorch tensor to XLA as a zero-copy PJRT view.
-    pub fn to_xla(&self, h: &Tensor) -> Result<Buffer> {
-        self.import_into_xla(self.export_for_xla(h)?)
-    }
-
-    /// The PyTorch half of [`to_xla`](Self::to_xla): `h` made ready on XLA's stream.
-    pub fn export_for_xla(&self, h: &Tensor) -> Result<Handoff> {
-        Ok(handoff_torch::export_from(h, &self.torch_stream, &self.ready)?)
-    }
-
-    /// The XLA half of [`to_xla`](Self::to_xla): the view.
-    pub fn import_into_xla(&self, handoff: Handoff) -> Result<Buffer> {
-        Ok(self.client.import(handoff)?)
-    }
-
-    /// Hands an XLA buffer back to PyTorch as a zero-copy tensor on PyTorch's stream.
-    pub fn to_torch(&self, y: &Buffer) -> Result<Tensor> {
-        self.import_into_torch(self.export_for_torch(y)?)
-    }
-
-    /// The XLA half of [`to_torch`](Self::to_torch): `y` made ready on PyTorch's stream.
-    pub fn export_for_torch(&self, y: &Buffer) -> Result<Handoff> {
-        Ok(y.export(&self.torch_stream)?)
-    }
-
-    /// The PyTorch half of [`to_torch`](Self::to_torch): the tensor view.
-    pub fn import_into_torch(&self, handoff: Handoff) -> Result<Tensor> {
-        let options = handoff_torch::ImportOptions::new().stream(self.torch_stream.clone());
-        Ok(handoff_torch::import_with(handoff, &options)?)
-    }
-
-    /// Runs the compiled kernel on a PJRT buffer.
-    pub fn execute(&self, h: &Buffer) -> Result<Buffer> {
-        let mut out = self.exe.execute(&[h])?;
-        Ok(out.remove(0))
-    }
-
-    /// The kernel on a PyTorch tensor, through XLA: to XLA, execute, back.
+    /// The kernel on a PyTorch tensor, in one call: `h` goes to XLA and `y` comes
+    /// back without a copy, ready on PyTorch's current stream (on CUDA, ordered by
+    /// stream waits; the host never waits).
     pub fn kernel(&self, h: &Tensor) -> Result<Tensor> {
-        let hx = self.to_xla(h)?;
-        let y = self.execute(&hx)?;
-        self.to_torch(&y)
+        Ok(self.kernel.call1(h)?)
     }
 
-    /// One step with hand-offs: torch matmul, the XLA kernel, torch residual add.
-    /// With `phases`, the host time of each phase is added to it.
-    pub fn step(&self, x: &Tensor, mode: SyncMode, phases: Option<&mut Phases>) -> Result<Tensor> {
+    /// One step: torch matmul, the XLA kernel, torch residual add. With `phases`, the
+    /// host time of each phase is added to it.
+    pub fn step(&self, x: &Tensor, phases: Option<&mut Phases>) -> Result<Tensor> {
         let Some(p) = phases else {
-            let h = self.matmul(x)?;
-            if mode == SyncMode::EachHandoff {
-                self.torch_stream.synchronize()?;
-            }
-            let hx = self.to_xla(&h)?;
-            let y = self.execute(&hx)?;
-            drop(hx);
-            if mode == SyncMode::EachHandoff {
-                y.block_until_ready()?;
-            }
-            let yt = self.to_torch(&y)?;
-            return Ok(x.f_add(&yt)?);
+            let y = self.kernel(&self.matmul(x)?)?;
+            return Ok(x.f_add(&y)?);
         };
         let t0 = Instant::now();
         let h = self.matmul(x)?;
-        if mode == SyncMode::EachHandoff {
-            self.torch_stream.synchronize()?;
-        }
         let t1 = Instant::now();
-        let hx = self.to_xla(&h)?;
+        let y = self.kernel(&h)?;
         let t2 = Instant::now();
-        let y = self.execute(&hx)?;
-        if mode == SyncMode::EachHandoff {
-            y.block_until_ready()?;
-        }
+        let out = x.f_add(&y)?;
         let t3 = Instant::now();
-        let yt = self.to_torch(&y)?;
+        drop((y, h));
         let t4 = Instant::now();
-        let out = x.f_add(&yt)?;
-        let t5 = Instant::now();
-        drop((yt, y, hx, h));
-        let t6 = Instant::now();
         p.steps += 1;
         p.matmul += t1 - t0;
-        p.to_xla += t2 - t1;
-        p.execute += t3 - t2;
-        p.to_torch += t4 - t3;
-        p.add += t5 - t4;
-        p.release += t6 - t5;
+        p.kernel += t2 - t1;
+        p.add += t3 - t2;
+        p.release += t4 - t3;
         Ok(out)
     }
 

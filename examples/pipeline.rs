@@ -25,7 +25,7 @@
 
 use handoff::mock::{Kernel, Mock, MockTensor};
 use handoff::{Export, reaper, stats};
-use handoff_examples::model::{self, Backend, Dtype, Phases, Pipeline, PipelineError, SyncMode};
+use handoff_examples::model::{self, Backend, Dtype, Phases, Pipeline, PipelineError};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -149,7 +149,7 @@ fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
         "  PyTorch {} (tch) -> XLA {} {} (PJRT plugin {}) -> PyTorch",
         match backend {
             Backend::Cpu => "cpu".to_string(),
-            Backend::Cuda => format!("cuda:0, stream {:?}", p.torch_stream()),
+            Backend::Cuda => "cuda:0, its current stream".to_string(),
         },
         p.client().platform(),
         p.client().platform_version(),
@@ -179,7 +179,7 @@ fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
         if i + 1 == iters {
             last_input = x.shallow_clone();
         }
-        x = p.step(&x, SyncMode::None, Some(&mut phases))?;
+        x = p.step(&x, Some(&mut phases))?;
         if (i + 1) % report_every == 0 || i + 1 == iters {
             println!(
                 "  step {:>6}/{iters} enqueued after {:>9.1} ms",

@@ -15,8 +15,10 @@
 //! ```
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use handoff::Stream;
+use handoff::{Export, Stream, transfer_into};
 use handoff_examples::model::{Backend, Dtype, Pipeline};
+use handoff_torch::CurrentStream;
+use handoff_xla::Buffer;
 use std::hint::black_box;
 use tch::{Device, Kind, Tensor};
 
@@ -48,16 +50,17 @@ fn xla(c: &mut Criterion) {
     };
     let host = Stream::host();
     let x = p.initial_x(1).unwrap();
-    let y = p.execute(&p.to_xla(&x).unwrap()).unwrap();
+    let client = p.client().clone();
+    let y: Buffer = p.xla_kernel().call1(&x).unwrap();
     y.block_until_ready().unwrap();
     c.bench_function("xla cpu buffer export + drop", |b| {
-        b.iter(|| drop(black_box(y.export(&host).unwrap())))
+        b.iter(|| drop(black_box(y.clone().export(&host).unwrap())))
     });
     c.bench_function("xla cpu view import of a torch tensor + drop", |b| {
-        b.iter(|| drop(black_box(p.to_xla(&x).unwrap())))
+        b.iter(|| drop(black_box(transfer_into::<Buffer, _, _>(&x, &client).unwrap())))
     });
     c.bench_function("xla cpu buffer -> torch tensor + drop", |b| {
-        b.iter(|| drop(black_box(p.to_torch(&y).unwrap())))
+        b.iter(|| drop(black_box(transfer_into::<Tensor, _, _>(&y, &CurrentStream).unwrap())))
     });
     c.bench_function("pipeline kernel 256x256 f32: torch -> xla execute -> torch", |b| {
         b.iter(|| drop(black_box(p.kernel(&x).unwrap())))

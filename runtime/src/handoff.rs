@@ -108,20 +108,6 @@ pub trait Import: Sized {
     fn from_handoff(handoff: Handoff) -> Result<Self>;
 }
 
-/// Hands `value` to a consumer of type `T` that works on `consumer`.
-///
-/// ```
-/// # use handoff_runtime::{mock::Mock, transfer, stats};
-/// let mock = Mock::new();
-/// let (a, b) = (mock.stream(0, "a"), mock.stream(0, "b"));
-/// let x = mock.tensor_f32(&a, "x", &[2], &[1.0, 2.0]);
-/// let y: handoff_runtime::mock::MockTensor = transfer(x, &b).unwrap();
-/// assert_eq!(y.stream(), &b);
-/// ```
-pub fn transfer<T: Import>(value: impl Export, consumer: &Stream) -> Result<T> {
-    value.export(consumer)?.import()
-}
-
 /// The DLPack context of a hand-off: the producer's keep-alive, and the stream after
 /// whose queued work it may go.
 struct Owner<K: Send + 'static> {

@@ -7,6 +7,8 @@
 //! - [`StreamOrdered`]: a value that knows how to be made ready on a consumer stream.
 //! - [`Export`], [`Import`], [`Handoff`]: the DLPack tensor in flight; its release
 //!   is stream-ordered through the [`reaper`].
+//! - [`transfer`], [`transfer_into`]: the generic entry points, over [`Exportable`],
+//!   [`Importable`] and [`ImportInto`] (imports that need a context, such as an XLA client).
 //! - [`stats`]: counters of every record, wait, elision, copy and host sync.
 //! - [`mock`]: a simulated device with a hazard checker, for tests without a GPU.
 //!
@@ -36,14 +38,16 @@ pub mod registry;
 pub mod stats;
 pub mod storage;
 mod stream;
+mod transfer;
 mod validate;
 
 pub use device::Device;
 pub use error::{Error, Result, ValidationError};
-pub use handoff::{Export, Handoff, Import, Release, TensorDesc, transfer};
+pub use handoff::{Export, Handoff, Import, Release, TensorDesc};
 pub use ordered::{Ready, StreamOrdered, order};
 pub use stats::{Stats, stats};
 pub use stream::{Backend, Event, EventPool, RawEvent, RawStream, Stream};
+pub use transfer::{Exportable, ImportInto, Importable, transfer, transfer_into};
 pub use validate::{Access, MAX_NDIM};
 
 /// The DLPack ABI types, re-exported from `dlpark`.

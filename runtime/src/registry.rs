@@ -31,9 +31,10 @@
 //! assert!(me.can_export() && me.can_import());
 //! ```
 //!
-//! An adapter that orders or releases memory its own way gives its own entry points
-//! with [`Adapter::export_with`] / [`Adapter::import_with`] (plain `fn` items that
-//! take and return [`Erased`] values).
+//! An adapter whose type imports into a context (an XLA buffer needs its client)
+//! registers with [`Adapter::imports_into`]; values reach it with [`convert_into`],
+//! which takes that context. Ordering and releasing memory an adapter's own way
+//! belongs in its [`Export`] and [`ImportInto`] impls, which the registry calls.
 //!
 //! Built-in adapters use these names, which `handoff doctor` looks for: `torch`
 //! (libtorch), `xla` (PJRT plugins), `cuda` (CUDA devices and driver), `mock`.
@@ -55,6 +56,7 @@ use crate::dtype::{self, DataType};
 use crate::error::{Error, Result};
 use crate::handoff::{Export, Handoff, Import};
 use crate::stream::Stream;
+use crate::transfer::ImportInto;
 use std::any::{Any, TypeId};
 use std::fmt;
 
@@ -68,8 +70,11 @@ pub type Erased = Box<dyn Any + Send>;
 pub type ExportFn = fn(Erased, &Stream) -> Result<Handoff>;
 
 /// The import entry point of an adapter: takes a [`Handoff`] in as the adapter's
-/// tensor type, boxed.
-pub type ImportFn = fn(Handoff) -> Result<Erased>;
+/// tensor type, boxed, into its context (a [`Stream`] for plain imports).
+pub type ImportFn = fn(Handoff, &dyn Any) -> Result<Erased>;
+
+/// The stream an import context reads memory of a device on.
+pub type ReadyStreamFn = fn(&dyn Any, Device) -> Result<Stream>;
 
 /// Tells the device and dtype of a value without exporting it (`None` when it cannot).
 pub type InspectFn = fn(&(dyn Any + Send)) -> Option<(Device, DataType)>;
@@ -121,9 +126,9 @@ pub struct ExportEntry {
     pub type_name: fn() -> &'static str,
     /// The type it takes (checked before `export` is called).
     pub type_id: fn() -> TypeId,
-    /// The device and dtype of a value, if the adapter can tell without exporting
-    /// (lets [`convert`] refuse an unsupported pair before any device work).
-    pub inspect: Option<InspectFn>,
+    /// The device and dtype of a value, without exporting it (lets [`convert`] refuse
+    /// an unsupported pair before any device work; `None` when it cannot tell).
+    pub inspect: InspectFn,
     /// The entry point.
     pub export: ExportFn,
 }
@@ -134,25 +139,43 @@ impl ExportEntry {
         ExportEntry {
             type_name: std::any::type_name::<T>,
             type_id: TypeId::of::<T>,
-            inspect: Some(inspect_as::<T>),
+            inspect: inspect_as::<T>,
             export: export_as::<T>,
         }
     }
 }
 
-/// How an adapter imports: the Rust type it makes, and its entry point.
+/// How an adapter imports: the Rust type it makes, the context it imports into, and
+/// its entry points.
 #[derive(Clone, Copy)]
 pub struct ImportEntry {
     /// The name of the type it makes.
     pub type_name: fn() -> &'static str,
+    /// The name of the context type it imports into ([`Stream`] for plain imports).
+    pub context_name: fn() -> &'static str,
+    /// The context type (checked before any work).
+    pub context_id: fn() -> TypeId,
+    /// The stream the context reads memory of a device on: the producer exports there.
+    pub ready_stream: ReadyStreamFn,
     /// The entry point.
     pub import: ImportFn,
 }
 
 impl ImportEntry {
-    /// The entry of a type that implements [`Import`].
+    /// The entry of a type that implements [`Import`]: its context is the consumer [`Stream`].
     pub const fn of<T: Import + Send + 'static>() -> ImportEntry {
-        ImportEntry { type_name: std::any::type_name::<T>, import: import_as::<T> }
+        ImportEntry::of_context::<T, Stream>()
+    }
+
+    /// The entry of a type that imports into a context `C` ([`ImportInto<C>`]).
+    pub const fn of_context<T: ImportInto<C> + Send + 'static, C: Any>() -> ImportEntry {
+        ImportEntry {
+            type_name: std::any::type_name::<T>,
+            context_name: std::any::type_name::<C>,
+            context_id: TypeId::of::<C>,
+            ready_stream: ready_stream_in::<T, C>,
+            import: import_into_as::<T, C>,
+        }
     }
 }
 
@@ -170,12 +193,26 @@ pub fn export_as<T: Export>(value: Erased, consumer: &Stream) -> Result<Handoff>
     }
 }
 
-/// The generic import entry point of a type that implements [`Import`].
+fn context<C: Any>(ctx: &dyn Any) -> Result<&C> {
+    ctx.downcast_ref::<C>().ok_or_else(|| Error::Adapter {
+        adapter: "registry",
+        message: format!("the import context given is not a `{}`", std::any::type_name::<C>()),
+    })
+}
+
+/// The generic import entry point of a type that implements [`ImportInto<C>`].
 ///
 /// # Errors
-/// Any error of [`Import::from_handoff`].
-pub fn import_as<T: Import + Send + 'static>(handoff: Handoff) -> Result<Erased> {
-    Ok(Box::new(handoff.import::<T>()?))
+/// [`Error::Adapter`] when `ctx` is not a `C`; any error of [`ImportInto::import_into`].
+pub fn import_into_as<T: ImportInto<C> + Send + 'static, C: Any>(
+    handoff: Handoff,
+    ctx: &dyn Any,
+) -> Result<Erased> {
+    Ok(Box::new(T::import_into(handoff, context::<C>(ctx)?)?))
+}
+
+fn ready_stream_in<T: ImportInto<C>, C: Any>(ctx: &dyn Any, device: Device) -> Result<Stream> {
+    T::ready_stream(context::<C>(ctx)?, device)
 }
 
 fn inspect_as<T: Export>(value: &(dyn Any + Send)) -> Option<(Device, DataType)> {
@@ -247,26 +284,16 @@ impl Adapter {
         self
     }
 
-    /// It imports into values of `T`.
+    /// It imports into values of `T`, on the consumer stream [`convert`] is given.
     pub const fn imports<T: Import + Send + 'static>(mut self) -> Adapter {
         self.import = Some(ImportEntry::of::<T>());
         self
     }
 
-    /// It exports values of `T` through its own entry point.
-    pub const fn export_with<T: Any>(mut self, export: ExportFn) -> Adapter {
-        self.export = Some(ExportEntry {
-            type_name: std::any::type_name::<T>,
-            type_id: TypeId::of::<T>,
-            inspect: None,
-            export,
-        });
-        self
-    }
-
-    /// It imports into values of `T` through its own entry point.
-    pub const fn import_with<T: Any>(mut self, import: ImportFn) -> Adapter {
-        self.import = Some(ImportEntry { type_name: std::any::type_name::<T>, import });
+    /// It imports into values of `T` in a context `C` (an XLA client), which
+    /// [`convert_into`] is given.
+    pub const fn imports_into<T: ImportInto<C> + Send + 'static, C: Any>(mut self) -> Adapter {
+        self.import = Some(ImportEntry::of_context::<T, C>());
         self
     }
 
@@ -318,7 +345,7 @@ impl Adapter {
         if (*value).type_id() != (entry.type_id)() {
             return Err(RegistryError::WrongType { adapter: self.name, expected: (entry.type_name)() });
         }
-        if let Some((device, dtype)) = entry.inspect.and_then(|inspect| inspect(&*value)) {
+        if let Some((device, dtype)) = (entry.inspect)(&*value) {
             self.check(device, dtype)?;
         }
         (entry.export)(value, consumer).map_err(|source| RegistryError::Failed {
@@ -328,19 +355,29 @@ impl Adapter {
         })
     }
 
-    /// Imports `handoff` as the adapter's import type, boxed.
+    /// Imports `handoff` as the adapter's import type, boxed, into `ctx` (a
+    /// [`Stream`] for plain imports, else the adapter's context type).
     ///
     /// # Errors
-    /// [`RegistryError::CannotImport`], [`RegistryError::UnsupportedDevice`] /
-    /// [`RegistryError::UnsupportedDtype`], or [`RegistryError::Failed`].
-    pub fn import(&self, handoff: Handoff) -> Result<Erased, RegistryError> {
-        let entry = self.import.ok_or(RegistryError::CannotImport { adapter: self.name })?;
+    /// [`RegistryError::CannotImport`], [`RegistryError::WrongContext`],
+    /// [`RegistryError::UnsupportedDevice`] / [`RegistryError::UnsupportedDtype`], or
+    /// [`RegistryError::Failed`].
+    pub fn import(&self, handoff: Handoff, ctx: &dyn Any) -> Result<Erased, RegistryError> {
+        let entry = self.import_entry(ctx)?;
         self.check(handoff.device(), handoff.dtype())?;
-        (entry.import)(handoff).map_err(|source| RegistryError::Failed {
+        (entry.import)(handoff, ctx).map_err(|source| RegistryError::Failed {
             adapter: self.name,
             step: "import",
             source,
         })
+    }
+
+    fn import_entry(&self, ctx: &dyn Any) -> Result<ImportEntry, RegistryError> {
+        let entry = self.import.ok_or(RegistryError::CannotImport { adapter: self.name })?;
+        if ctx.type_id() != (entry.context_id)() {
+            return Err(RegistryError::WrongContext { adapter: self.name, expected: (entry.context_name)() });
+        }
+        Ok(entry)
     }
 
     /// Checks that the adapter takes `device` memory of `dtype`.
@@ -489,6 +526,17 @@ pub enum RegistryError {
         /// The dtypes it takes.
         supported: String,
     },
+    /// The adapter imports into another context than the one given.
+    #[error(
+        "adapter `{adapter}` imports into a `{expected}`, and the context given is another type; \
+         pass a `{expected}` (to `registry::convert_into`; `convert` passes a `Stream`)"
+    )]
+    WrongContext {
+        /// The adapter.
+        adapter: &'static str,
+        /// The context type it imports into.
+        expected: &'static str,
+    },
     /// The adapter's own entry point failed.
     #[error("adapter `{adapter}` failed to {step}: {source}")]
     Failed {
@@ -537,31 +585,75 @@ pub fn find(name: &str) -> Result<&'static Adapter, RegistryError> {
 
 /// Converts `value` (a `Box` of adapter `from`'s tensor type) into adapter `to`'s
 /// tensor type, made ready on `consumer_stream` without a copy: `from` exports to
-/// `consumer_stream`, `to` imports. Downcast the result to `to`'s type.
+/// `consumer_stream`, `to` imports. Downcast the result to `to`'s type. For an
+/// adapter that imports into a context (`xla`: a `handoff_xla::Client`), use
+/// [`convert_into`].
 ///
 /// # Errors
 /// [`RegistryError::UnknownAdapter`] for either name; [`RegistryError::CannotExport`] /
 /// [`RegistryError::CannotImport`]; [`RegistryError::WrongType`];
+/// [`RegistryError::WrongContext`] when `to` imports into a context;
 /// [`RegistryError::UnsupportedDevice`] / [`RegistryError::UnsupportedDtype`] when
 /// either adapter does not take the value's device or dtype (checked before any
-/// device work when `from` can tell); [`RegistryError::Failed`].
+/// device work); [`RegistryError::Failed`].
 pub fn convert(
     value: Erased,
     from: &str,
     to: &str,
     consumer_stream: &Stream,
 ) -> Result<Erased, RegistryError> {
+    convert_into(value, from, to, consumer_stream)
+}
+
+/// Converts `value` into adapter `to`'s tensor type inside `ctx`, the context `to`
+/// imports into (`&client` for `xla`; a [`Stream`] for plain imports, as
+/// [`convert`] passes): `from` exports straight to the stream the context reads on,
+/// and `to` imports there.
+///
+/// ```
+/// use handoff_runtime::{mock::{Mock, MockTensor}, registry};
+/// let mock = Mock::new();
+/// let (a, b) = (mock.stream(0, "a"), mock.stream(0, "b"));
+/// let x = mock.tensor_f32(&a, "x", &[2], &[1.0, 2.0]);
+/// let y = registry::convert_into(Box::new(x), "mock", "mock", &b).unwrap();
+/// assert_eq!(y.downcast::<MockTensor>().unwrap().stream(), &b);
+/// // The mock adapter imports on a stream: another context is refused before any work.
+/// let z = mock.tensor_f32(&a, "z", &[1], &[1.0]);
+/// assert!(registry::convert_into(Box::new(z), "mock", "mock", &5u32).is_err());
+/// ```
+///
+/// # Errors
+/// As [`convert`]; [`RegistryError::WrongContext`] when `ctx` is not `to`'s context type.
+pub fn convert_into(value: Erased, from: &str, to: &str, ctx: &dyn Any) -> Result<Erased, RegistryError> {
     let (from, to) = (find(from)?, find(to)?);
-    if !to.can_import() {
-        return Err(RegistryError::CannotImport { adapter: to.name });
+    let entry = to.import_entry(ctx)?;
+    let export = from.export.ok_or(RegistryError::CannotExport { adapter: from.name })?;
+    if (*value).type_id() != (export.type_id)() {
+        return Err(RegistryError::WrongType { adapter: from.name, expected: (export.type_name)() });
     }
-    if let Some(inspect) = from.export.and_then(|e| e.inspect)
-        && let Some((device, dtype)) = inspect(&*value)
-    {
-        to.check(device, dtype)?;
-    }
-    let handoff = from.export(value, consumer_stream)?;
-    to.import(handoff)
+    let Some((device, dtype)) = (export.inspect)(&*value) else {
+        return Err(RegistryError::Failed {
+            adapter: from.name,
+            step: "describe",
+            source: Error::Adapter {
+                adapter: "registry",
+                message: format!("cannot describe the `{}` given", (export.type_name)()),
+            },
+        });
+    };
+    from.check(device, dtype)?;
+    to.check(device, dtype)?;
+    let stream = (entry.ready_stream)(ctx, device).map_err(|source| RegistryError::Failed {
+        adapter: to.name,
+        step: "import",
+        source,
+    })?;
+    let handoff = (export.export)(value, &stream).map_err(|source| RegistryError::Failed {
+        adapter: from.name,
+        step: "export",
+        source,
+    })?;
+    to.import(handoff, ctx)
 }
 
 submit! {

@@ -31,7 +31,7 @@ fn derived_type_handed_to_another_stream_has_no_hazard() {
     let mock = Mock::new();
     let (producer, consumer) = (mock.stream(0, "producer"), mock.stream(0, "consumer"));
     let (f, id) = frame(&mock, &producer, &producer);
-    let (y, delta) = stats::measure(|| transfer::<MockTensor>(f, &consumer).unwrap());
+    let (y, delta) = stats::measure(|| transfer::<MockTensor, _, _>(f, &consumer).unwrap());
     assert_eq!(y.buffer(), id, "the consumer views the producer's memory, no copy");
     assert_eq!((delta.waits_enqueued, delta.host_syncs, delta.copies), (1, 0, 0));
     mock.launch(&consumer, Kernel::new("use").micros(5).reads(y.buffer()));

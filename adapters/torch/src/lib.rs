@@ -6,7 +6,9 @@
 //! - [`TorchTensor`] wraps a `tch::Tensor` with its stream (PyTorch's current stream
 //!   of its device when wrapped, or one the caller names; CPU tensors have none). It
 //!   is [`StreamOrdered`], [`Export`] and [`Import`].
-//! - [`export`] and [`import`] do the same for plain `tch::Tensor`s.
+//! - [`export`] and [`import`] do the same for plain `tch::Tensor`s, and
+//!   [`CurrentStream`] lets generic code (`handoff::transfer`, an XLA kernel call) take
+//!   and return `tch::Tensor`s directly, on PyTorch's current stream.
 //! - [`cuda`]: PyTorch's CUDA streams (current, pool, switching) and a GPU spin kernel.
 //!
 //! Export describes the tensor as DLPack from PyTorch's own metadata (every strided
@@ -45,8 +47,8 @@ pub use error::TorchError;
 use handoff_runtime::dtype::DataType;
 use handoff_runtime::stats::Counter;
 use handoff_runtime::{
-    Device, Export, Handoff, Import, MAX_NDIM, Ready, Release, Result, Stream, StreamOrdered, TensorDesc,
-    order, reaper, stats,
+    Device, Export, Exportable, Handoff, Import, ImportInto, Importable, MAX_NDIM, Ready, Release, Result,
+    Stream, StreamOrdered, TensorDesc, order, reaper, stats,
 };
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -99,6 +101,10 @@ struct Described {
     shape: Vec<i64>,
     strides: Vec<i64>,
 }
+
+// SAFETY: plain values read from a tensor; `data` is only an address, never read
+// through here.
+unsafe impl Send for Described {}
 
 /// Reads and checks everything an export needs; refuses what DLPack cannot describe.
 fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Described, TorchError> {
@@ -194,16 +200,28 @@ pub struct TorchTensor {
     tensor: tch::Tensor,
     device: Device,
     stream: Option<Stream>,
+    /// The description read when wrapping, for an export that follows at once (so
+    /// the tensor is described once per export); taken by the first `describe`.
+    described: std::cell::Cell<Option<Described>>,
 }
 
 impl TorchTensor {
     /// Wraps `tensor`, whose pending work is on PyTorch's current stream of its device
     /// (read now). Fails for tensors that cannot be exported ([`check`]).
     pub fn new(tensor: tch::Tensor) -> Result<TorchTensor> {
+        let mut t = TorchTensor::for_export(tensor)?;
+        t.described = Default::default();
+        Ok(t)
+    }
+
+    /// [`new`](Self::new), keeping the description for the export that follows
+    /// immediately (no other code runs on the tensor in between).
+    fn for_export(tensor: tch::Tensor) -> Result<TorchTensor> {
         init();
-        let device = describe_tensor(&tensor)?.device;
+        let described = describe_tensor(&tensor)?;
+        let device = described.device;
         let stream = current_stream(device)?;
-        Ok(TorchTensor { tensor, device, stream })
+        Ok(TorchTensor { tensor, device, stream, described: Some(described).into() })
     }
 
     /// Wraps `tensor`, whose pending work is on `stream` (a stream of its device).
@@ -214,7 +232,7 @@ impl TorchTensor {
             return Err(TorchError::StreamDevice { stream: format!("{stream:?}"), device }.into());
         }
         let stream = if stream.is_host() { None } else { Some(stream) };
-        Ok(TorchTensor { tensor, device, stream })
+        Ok(TorchTensor { tensor, device, stream, described: Default::default() })
     }
 
     /// The tensor.
@@ -256,7 +274,10 @@ impl StreamOrdered for TorchTensor {
 
 impl Export for TorchTensor {
     fn describe(&self) -> Result<TensorDesc<'_>> {
-        let d = describe_tensor(&self.tensor)?;
+        let d = match self.described.take() {
+            Some(d) => d,
+            None => describe_tensor(&self.tensor)?,
+        };
         Ok(TensorDesc::new(d.data, d.device, d.dtype, d.shape).with_strides(d.strides))
     }
 
@@ -265,7 +286,7 @@ impl Export for TorchTensor {
     /// queued work, or else leaves the release to the reaper.
     fn export(self, consumer: &Stream) -> Result<Handoff> {
         // `new` checked the tensor; `describe` (in `with_keep_alive`) reads it again
-        // and refuses it if it changed since.
+        // and refuses it if it changed since (unless it was wrapped for this export).
         let same = self.stream.as_ref() == Some(consumer);
         let ready = self.ready_on(consumer)?;
         let release = if same { Release::Immediately } else { release_for(&self, consumer)? };
@@ -309,7 +330,7 @@ fn release_for(tensor: &TorchTensor, consumer: &Stream) -> Result<Release> {
 /// assert_eq!(h.data_ptr() as usize, x.data_ptr() as usize + 2);
 /// ```
 pub fn export(tensor: &tch::Tensor, consumer: &Stream) -> Result<Handoff> {
-    TorchTensor::new(tensor.shallow_clone())?.export(consumer)
+    TorchTensor::for_export(tensor.shallow_clone())?.export(consumer)
 }
 
 /// Hands a PyTorch tensor whose pending work is on `producer` to a consumer on `consumer`.
@@ -373,7 +394,68 @@ impl Import for TorchTensor {
     fn from_handoff(handoff: Handoff) -> Result<TorchTensor> {
         let device = handoff.device();
         let (tensor, stream) = view(handoff, &ImportOptions::new())?;
-        Ok(TorchTensor { tensor, device, stream })
+        Ok(TorchTensor { tensor, device, stream, described: Default::default() })
+    }
+}
+
+/// PyTorch's current stream: the context `tch` tensors import into (with
+/// [`transfer_into`](handoff_runtime::transfer_into)), and the marker of this crate's
+/// [`Exportable`] and [`Importable`] impls for `tch::Tensor`, which let generic code
+/// (`handoff::transfer`, an XLA kernel call) take and return plain `tch::Tensor`s.
+///
+/// ```
+/// use handoff_runtime::{Stream, transfer, transfer_into};
+/// use handoff_torch::CurrentStream;
+/// let x = tch::Tensor::from_slice(&[1.0f32, 2.0]);
+/// let y: tch::Tensor = transfer(&x, &Stream::host()).unwrap(); // a view of x's memory
+/// let z: tch::Tensor = transfer_into(&y, &CurrentStream).unwrap();
+/// assert_eq!(z.data_ptr(), x.data_ptr());
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CurrentStream;
+
+/// A borrowed tensor exports a shallow clone: the same memory, on PyTorch's current stream.
+impl Exportable<CurrentStream> for &tch::Tensor {
+    type Value = TorchTensor;
+
+    fn into_exportable(self) -> Result<TorchTensor> {
+        TorchTensor::for_export(self.shallow_clone())
+    }
+}
+
+/// A tensor exports itself, on PyTorch's current stream.
+impl Exportable<CurrentStream> for tch::Tensor {
+    type Value = TorchTensor;
+
+    fn into_exportable(self) -> Result<TorchTensor> {
+        TorchTensor::for_export(self)
+    }
+}
+
+/// A hand-off imports as a plain tensor, as [`import`] does.
+impl Importable<CurrentStream> for tch::Tensor {
+    fn import_handoff(handoff: Handoff) -> Result<tch::Tensor> {
+        Ok(handoff.import::<TorchTensor>()?.into_tensor())
+    }
+}
+
+impl ImportInto<CurrentStream> for tch::Tensor {
+    fn ready_stream(_: &CurrentStream, device: Device) -> Result<Stream> {
+        Ok(current_stream(device)?.unwrap_or_else(Stream::host))
+    }
+
+    fn import_into(handoff: Handoff, _: &CurrentStream) -> Result<tch::Tensor> {
+        import(handoff)
+    }
+}
+
+impl ImportInto<CurrentStream> for TorchTensor {
+    fn ready_stream(_: &CurrentStream, device: Device) -> Result<Stream> {
+        Ok(current_stream(device)?.unwrap_or_else(Stream::host))
+    }
+
+    fn import_into(handoff: Handoff, _: &CurrentStream) -> Result<TorchTensor> {
+        handoff.import()
     }
 }
 

@@ -13,7 +13,7 @@ mod gpu_common;
 
 use cudarc::driver::{CudaContext, CudaStream};
 use handoff_cuda::{CudaTensor, stream_of};
-use handoff_runtime::{Handoff, Stream, reaper};
+use handoff_runtime::{Export, Handoff, Stream, reaper};
 use handoff_torch::cuda;
 use handoff_xla::{Client, ClientOptions, Plugin};
 use std::sync::Arc;
@@ -169,7 +169,7 @@ fn export(p: &Produced, consumer: &Stream) -> Handoff {
         // A CudaTensor exports by value: a second view of the same slice is not
         // possible, so the test moves it (its drop is then the hand-off's).
         Produced::Cuda(_) => unreachable!("moved"),
-        Produced::Xla(b) => b.export(consumer).unwrap(),
+        Produced::Xla(b) => b.clone().export(consumer).unwrap(),
     }
 }
 

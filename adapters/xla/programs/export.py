@@ -5,8 +5,9 @@ Run with jax 0.11.2 (Python >= 3.12), from this directory:
     python3.12 -m venv /tmp/venv-jax && /tmp/venv-jax/bin/pip install jax==0.11.2
     /tmp/venv-jax/bin/python export.py
 
-The generated `.mlir` files (text) and `.mlirbc` file (bytecode) are committed, so
-builds and CI need no JAX. The Rust tests compute the expected values themselves.
+The generated `.mlir` files (text), `.mlirbc` files (bytecode) and `.jaxexport` files
+(whole `jax.export` artifacts, `Exported.serialize()`, read by handoff_xla::Artifact) are
+committed, so builds and CI need no JAX. The Rust tests compute the expected values themselves.
 """
 
 import jax
@@ -54,6 +55,17 @@ def ln_gelu(h):
     return gelu((hf - mean) * jax.lax.rsqrt(var + 1e-5)).astype(h.dtype)
 
 
+def residual(x, w):
+    # Two inputs, two outputs: a matmul, then the pipeline's kernel on a residual branch.
+    h = jnp.matmul(x, w, precision=jax.lax.Precision.HIGHEST)
+    return x + ln_gelu(h), h
+
+
+def unused_arg(unused, x):
+    # Ignores its first input, so jax.export drops it from the module (module_kept_var_idx = (1,)).
+    return x * 2.0
+
+
 def spec(shape, dtype=jnp.float32):
     return jax.ShapeDtypeStruct(shape, dtype)
 
@@ -63,6 +75,14 @@ def write_text(name, f, *args):
     with open(f"{name}.mlir", "w") as out:
         out.write(text)
     print(f"{name}.mlir: {len(text)} bytes")
+
+
+def write_exported(name, f, platforms, *args):
+    exp = export.export(jax.jit(f), platforms=platforms)(*args)
+    data = exp.serialize()
+    with open(f"{name}.jaxexport", "wb") as out:
+        out.write(data)
+    print(f"{name}.jaxexport: {len(data)} bytes")
 
 
 def main():
@@ -90,6 +110,15 @@ def main():
         with open(f"gelu_scale_f32_4x8_{platform}.mlirbc", "wb") as out:
             out.write(code)
         print(f"gelu_scale_f32_4x8_{platform}.mlirbc: {len(code)} bytes")
+    # Whole jax.export artifacts (what JAX users ship): the module with its calling
+    # convention (platforms, avals, kept inputs). Exported for several platforms, the
+    # module takes the platform index as its first argument.
+    write_exported("ln_gelu_f32_8x16_cpu", ln_gelu, ("cpu",), spec((8, 16)))
+    write_exported("ln_gelu_f32_8x16_cpu_cuda", ln_gelu, ("cpu", "cuda"), spec((8, 16)))
+    write_exported("residual_f32_8x16_cpu_cuda", residual, ("cpu", "cuda"), spec((8, 16)), spec((16, 16)))
+    write_exported("unused_arg_f32_cpu", unused_arg, ("cpu",), spec((4,)), spec((8,)))
+    # Shape-polymorphic (a symbolic batch dimension): handoff_xla::Artifact refuses it.
+    write_exported("poly_f32_cpu", ln_gelu, ("cpu",), spec(export.symbolic_shape("b, 16")))
 
 
 if __name__ == "__main__":

@@ -303,6 +303,34 @@ impl Buffer {
 }
 
 impl Client {
+    /// A scalar `i32` buffer holding `index` on `device`: the platform-index argument
+    /// of a multi-platform `jax.export` artifact. Made from static memory, which
+    /// outlives any transfer, so nothing waits for the copy.
+    pub(crate) fn platform_index_buffer(&self, device: &Device, index: usize) -> Result<Buffer> {
+        static INDICES: [i32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+        let value = INDICES.get(index).ok_or_else(|| {
+            XlaError::invalid("platform index", index, "artifacts name at most 8 platforms")
+        })?;
+        let t = dtype::to_pjrt(DataType::I32)
+            .ok_or_else(|| XlaError::invalid("dtype", "int32", "PJRT has no buffer type for it"))?;
+        let api = self.inner.api();
+        // SAFETY: live client and device; `value` is static, so it outlives the
+        // transfer whenever it completes; a scalar has no dimensions.
+        let (raw, done) = unsafe {
+            api.client_buffer_from_host(
+                self.inner.raw,
+                device.raw(),
+                value as *const i32 as *const _,
+                t,
+                &[],
+            )?
+        };
+        // SAFETY: an owned event of this plugin; dropping it does not wait.
+        drop(unsafe { Event::from_raw(api, done) });
+        // SAFETY: an owned, live buffer of this client.
+        unsafe { Buffer::from_raw(&self.inner, raw, false, None) }
+    }
+
     /// Copies a host array to a new buffer on `device` (waits for the copy to be
     /// done with `data`: a counted host sync).
     pub fn buffer_from_host<T: Element + Copy>(

@@ -66,6 +66,8 @@ pub(crate) struct ClientInner {
     pub(crate) platform: String,
     pub(crate) platform_version: String,
     pub(crate) devices: Vec<DeviceInfo>,
+    /// Each device's stream for external ready events, asked of PJRT once.
+    pub(crate) ready_streams: Vec<std::sync::OnceLock<handoff_runtime::Stream>>,
 }
 
 // SAFETY: a PJRT client is thread-safe; the raw pointer is only passed to PJRT.
@@ -138,9 +140,19 @@ impl Client {
             }
         };
         match build() {
-            Ok((platform, platform_version, devices)) => Ok(Client {
-                inner: Arc::new(ClientInner { plugin, raw, platform, platform_version, devices }),
-            }),
+            Ok((platform, platform_version, devices)) => {
+                let ready_streams = devices.iter().map(|_| std::sync::OnceLock::new()).collect();
+                Ok(Client {
+                    inner: Arc::new(ClientInner {
+                        plugin,
+                        raw,
+                        platform,
+                        platform_version,
+                        devices,
+                        ready_streams,
+                    }),
+                })
+            }
             Err(e) => {
                 // SAFETY: owned, destroyed once on this error path.
                 let _ = unsafe { api.client_destroy(raw) };

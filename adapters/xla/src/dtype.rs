@@ -32,6 +32,17 @@ const TABLE: &[(DataType, c_int, i32)] = &[
     (DataType::F8E8M0FNU, sys::BUFFER_TYPE_F8E8M0FNU, 33),
 ];
 
+/// Every dtype an XLA buffer can hold (what the registry advertises).
+pub const DTYPES: [DataType; TABLE.len()] = {
+    let mut out = [DataType::BOOL; TABLE.len()];
+    let mut i = 0;
+    while i < TABLE.len() {
+        out[i] = TABLE[i].0;
+        i += 1;
+    }
+    out
+};
+
 /// The PJRT buffer type of a DLPack dtype, if PJRT has one.
 pub fn to_pjrt(dtype: DataType) -> Option<c_int> {
     TABLE.iter().find(|(d, _, _)| *d == dtype).map(|(_, p, _)| *p)

@@ -126,12 +126,43 @@ pub enum XlaError {
         program: String,
         /// The input position.
         index: usize,
-        /// `dtype` or `shape`.
+        /// `dtype`, `shape` or `device`.
         what: &'static str,
         /// The program's parameter.
         expected: String,
         /// The input given.
         got: String,
+    },
+
+    /// A buffer of one client given to an executable of another.
+    #[error(
+        "input {index} of {program} is {got}: it belongs to another client than the program's ({expected}); \
+         import the value into the program's client instead"
+    )]
+    ClientMismatch {
+        /// The program's name.
+        program: String,
+        /// The input position.
+        index: usize,
+        /// The program's client.
+        expected: String,
+        /// The buffer and its client.
+        got: String,
+    },
+
+    /// A call with the wrong number of inputs or outputs.
+    #[error("{program} takes {expected} {what}, {got} given ({detail})")]
+    Arity {
+        /// The program's name.
+        program: String,
+        /// `inputs` or `outputs`.
+        what: &'static str,
+        /// The program's count.
+        expected: usize,
+        /// The count given (or asked for).
+        got: usize,
+        /// The program's parameters or results.
+        detail: String,
     },
 
     /// The plugin lacks an extension this path needs.
@@ -141,6 +172,15 @@ pub enum XlaError {
         extension: &'static str,
         /// The operation.
         needed_for: &'static str,
+    },
+
+    /// A `jax.export` artifact uses a feature handoff-xla does not support yet.
+    #[error("this jax.export artifact uses {feature}, which handoff-xla does not support yet: {detail}")]
+    Unsupported {
+        /// The feature (shape polymorphism, effects, sharding over several devices, ...).
+        feature: String,
+        /// Where the artifact uses it.
+        detail: String,
     },
 
     /// A runtime (hand-off) error.

@@ -6,22 +6,23 @@
 //!   device's `get_stream_for_external_ready_events` stream (no host wait) and that
 //!   stream is passed as the view's `stream`, as JAX does. On CPU, memory not aligned
 //!   to 64 bytes is refused unless a copy is asked for.
-//! - **Export** ([`Buffer::export`]): `IncreaseExternalReferenceCount` +
+//! - **Export** (`Buffer`'s [`Export`] impl): `IncreaseExternalReferenceCount` +
 //!   `OpaqueDeviceMemoryDataPointer`; on CUDA the consumer stream waits for the buffer
 //!   with the stream extension's `wait_until_buffer_ready_on_stream` (no host wait);
 //!   on CPU the buffer's ready event is checked, and awaited (a counted host sync)
 //!   only if still pending. The external reference is given back only after the
 //!   consumer's stream work has completed (the reaper).
 
-use crate::buffer::{Buffer, BufferInner, ViewWatch};
+use crate::buffer::{Buffer, ViewWatch};
 use crate::client::{Client, Device};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use handoff_runtime::stats::{self, Counter};
-use handoff_runtime::{Handoff, Ready, Release, Stream, TensorDesc};
+use handoff_runtime::{
+    Export, Exportable, Handoff, ImportInto, Ready, Release, Stream, StreamOrdered, TensorDesc,
+};
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 /// The alignment XLA's CPU client needs for a zero-copy view of host memory.
@@ -113,14 +114,41 @@ unsafe extern "C" fn on_delete(_data: *mut c_void, user_arg: *mut c_void) {
 
 impl Client {
     /// The stream a producer must make its data ready on before XLA reads it on
-    /// `device` (CUDA: the stream extension's `get_stream_for_external_ready_events`).
-    /// Export a value to this stream to hand it to [`Client::import`] with no extra
-    /// wait. On CPU it is the host stream.
+    /// `device` (CUDA: the stream extension's `get_stream_for_external_ready_events`,
+    /// asked of PJRT once per device). Export a value to this stream to hand it to
+    /// [`Client::import`] with no extra wait. On CPU it is the host stream.
     pub fn ready_stream(&self, device: &Device) -> Result<Stream> {
         let Some(ext) = self.plugin().stream_extension() else { return Ok(Stream::host()) };
+        let cache = &self.inner.ready_streams[device.index];
+        if let Some(s) = cache.get() {
+            return Ok(s.clone());
+        }
         // SAFETY: this plugin's stream extension and a live device.
         let raw = unsafe { self.inner.api().stream_for_external_ready_events(ext, device.raw())? };
-        cuda_stream(device.ordinal(), raw as u64)
+        let stream = cuda_stream(device.ordinal(), raw as u64)?;
+        Ok(cache.get_or_init(|| stream).clone())
+    }
+
+    /// The device a hand-off of `memory` is viewed on: `index` when given, else the
+    /// device `memory` names (device 0 for host memory).
+    pub(crate) fn device_for(&self, memory: handoff_runtime::Device, index: Option<usize>) -> Result<Device> {
+        let device = match (memory, index) {
+            (_, Some(i)) => self.device(i)?,
+            (handoff_runtime::Device::Host, None) => self.device(0)?,
+            (handoff_runtime::Device::Cuda(n), None) => self.device_by_ordinal(n)?,
+            (other, None) => {
+                return Err(XlaError::invalid(
+                    "hand-off device",
+                    other,
+                    "XLA takes host and CUDA memory only",
+                ));
+            }
+        };
+        let want = device.handoff_device();
+        if memory != want {
+            return Err(XlaError::from(handoff_runtime::Error::CrossDevice { from: memory, to: want }));
+        }
+        Ok(device)
     }
 
     /// Imports a hand-off as a zero-copy PJRT buffer (see the module docs).
@@ -166,31 +194,16 @@ impl Client {
             ));
         }
         let shape = handoff.shape().to_vec();
-        let device = match (handoff.device(), options.device) {
-            (_, Some(i)) => self.device(i)?,
-            (handoff_runtime::Device::Host, None) => self.device(0)?,
-            (handoff_runtime::Device::Cuda(n), None) => self.device_by_ordinal(n)?,
-            (other, None) => {
-                return Err(XlaError::invalid(
-                    "hand-off device",
-                    other,
-                    "XLA takes host and CUDA memory only",
-                ));
-            }
-        };
-        let want = device.handoff_device();
-        if handoff.device() != want {
-            return Err(XlaError::from(handoff_runtime::Error::CrossDevice {
-                from: handoff.device(),
-                to: want,
-            }));
-        }
+        let device = self.device_for(handoff.device(), options.device)?;
         let data = handoff.data_ptr();
         if self.is_gpu() {
             let ready = self.ready_stream(&device)?;
             // The producer made the data ready on the hand-off's consumer stream: order
-            // XLA's ready stream after it (nothing at all when they are the same).
-            handoff_runtime::order(Some(handoff.consumer_stream()), &ready)?;
+            // XLA's ready stream after it, unless the producer exported to it directly
+            // (then it is already ordered, and `order` is not called a second time).
+            if handoff.consumer_stream() != &ready {
+                handoff_runtime::order(Some(handoff.consumer_stream()), &ready)?;
+            }
             let raw = ready.raw() as isize;
             // SAFETY: the hand-off is validated device memory of `device`, compact, of
             // `shape` and `dtype`; it is kept alive until on_delete.
@@ -271,63 +284,39 @@ impl Client {
 
 /// The keep-alive of an exported buffer: an external reference, given back on drop.
 struct ExternalRef {
-    buffer: Arc<BufferInner>,
+    buffer: Buffer,
 }
 
 impl Drop for ExternalRef {
     fn drop(&mut self) {
-        let _serial = self.buffer.external_refs.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: the reference was increased in `Buffer::export`, and the buffer is
-        // alive (this Arc), so the decrease matches it exactly once.
-        if let Err(e) = unsafe { self.buffer.client.api().buffer_external_reference(self.buffer.raw, false) }
-        {
+        let inner = &self.buffer.inner;
+        let _serial = inner.external_refs.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the reference was increased in `Export::export`, and the buffer is
+        // alive (held here), so the decrease matches it exactly once.
+        if let Err(e) = unsafe { inner.client.api().buffer_external_reference(inner.raw, false) } {
             eprintln!("handoff-xla: giving back an external reference failed: {e}");
         }
     }
 }
 
-impl Buffer {
-    /// Exports the buffer as a zero-copy [`Handoff`] made ready on `consumer` (see
-    /// the module docs). The buffer's memory is kept (an external reference and a
-    /// share of the buffer) until the consumer's queued work is done.
+impl StreamOrdered for Buffer {
+    fn device(&self) -> handoff_runtime::Device {
+        Buffer::device(self).handoff_device()
+    }
+
+    /// `None`: PJRT does not name the stream an execution writes on; [`ready_on`]
+    /// asks PJRT itself to order the consumer after the buffer's definition.
     ///
-    /// ```no_run
-    /// use handoff_runtime::Stream;
-    /// let client = handoff_xla::Client::from_env()?;
-    /// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32, 2.0], &[2])?;
-    /// let h = x.export(&Stream::host())?;
-    /// assert_eq!(h.data_ptr() as *mut _, x.device_pointer()?);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn export(&self, consumer: &Stream) -> handoff_runtime::Result<Handoff> {
-        let ready = self.ready_on(consumer)?;
-        let api = self.api();
-        {
-            let _serial = self.inner.external_refs.lock().unwrap_or_else(|p| p.into_inner());
-            // SAFETY: live buffer; matched by `ExternalRef`'s drop.
-            unsafe { api.buffer_external_reference(self.raw(), true) }?;
-        }
-        let keep = ExternalRef { buffer: self.inner.clone() };
-        let data = self.device_pointer()?;
-        let device = self.device().handoff_device();
-        let (dtype, shape, copied) = (self.dtype(), self.shape().to_vec(), self.is_copied());
-        Handoff::with_keep_alive(
-            keep,
-            move |_| {
-                let mut d = TensorDesc::new(data, device, dtype, shape);
-                d.is_copied = copied;
-                Ok(d)
-            },
-            consumer,
-            ready,
-            Release::AfterConsumer,
-        )
+    /// [`ready_on`]: StreamOrdered::ready_on
+    fn stream(&self) -> Option<Stream> {
+        None
     }
 
     /// Makes the buffer's data visible to work enqueued on `consumer` from now on.
-    /// CUDA: a stream wait (no host wait). CPU (`consumer` the host): nothing if the
-    /// data is ready, else a counted host wait.
-    pub fn ready_on(&self, consumer: &Stream) -> Result<Ready> {
+    /// CUDA: the stream extension's `wait_until_buffer_ready_on_stream` (no host
+    /// wait). CPU (`consumer` the host): nothing if the data is ready, else a counted
+    /// host wait.
+    fn ready_on(&self, consumer: &Stream) -> handoff_runtime::Result<Ready> {
         let api = self.api();
         match self.client().plugin().stream_extension() {
             Some(ext) => {
@@ -339,10 +328,10 @@ impl Buffer {
             }
             None => {
                 if !consumer.is_host() {
-                    return Err(XlaError::from(handoff_runtime::Error::CrossDevice {
+                    return Err(handoff_runtime::Error::CrossDevice {
                         from: handoff_runtime::Device::Host,
                         to: consumer.device(),
-                    }));
+                    });
                 }
                 let ev = self.ready_event()?;
                 if ev.is_ready()? {
@@ -356,6 +345,74 @@ impl Buffer {
                 }
             }
         }
+    }
+}
+
+impl Export for Buffer {
+    /// The buffer's memory: PJRT's device pointer, compact row-major. Its memory is
+    /// shared with the buffer (and other exports), so it is never marked `IS_COPIED`,
+    /// even for a buffer made from a copy.
+    fn describe(&self) -> handoff_runtime::Result<TensorDesc<'_>> {
+        let data = self.device_pointer()?;
+        let device = Buffer::device(self).handoff_device();
+        Ok(TensorDesc::new(data, device, self.dtype(), self.shape()))
+    }
+
+    /// Exports the buffer as a zero-copy [`Handoff`] made ready on `consumer` (see
+    /// the module docs). The buffer's memory is kept (an external reference and a
+    /// share of the buffer) until the consumer's queued work is done.
+    ///
+    /// ```no_run
+    /// use handoff_runtime::{Export, Stream};
+    /// let client = handoff_xla::Client::from_env()?;
+    /// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32, 2.0], &[2])?;
+    /// let h = x.clone().export(&Stream::host())?;
+    /// assert_eq!(h.data_ptr() as *mut _, x.device_pointer()?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn export(self, consumer: &Stream) -> handoff_runtime::Result<Handoff> {
+        let ready = self.ready_on(consumer)?;
+        {
+            let _serial = self.inner.external_refs.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: live buffer; matched by `ExternalRef`'s drop.
+            unsafe { self.api().buffer_external_reference(self.raw(), true) }?;
+        }
+        let keep = ExternalRef { buffer: self };
+        Handoff::with_keep_alive(keep, |k| k.buffer.describe(), consumer, ready, Release::AfterConsumer)
+    }
+}
+
+/// The marker of handoff-xla's [`Exportable`] impl for `&Buffer` (inferred, never written).
+pub enum Borrowed {}
+
+/// A borrowed buffer exports a shared handle of itself (nothing is copied).
+impl Exportable<Borrowed> for &Buffer {
+    type Value = Buffer;
+
+    fn into_exportable(self) -> handoff_runtime::Result<Buffer> {
+        Ok(self.clone())
+    }
+}
+
+/// XLA buffers import into a [`Client`]: the value is made ready on the client's
+/// [`ready_stream`](Client::ready_stream) for its device and viewed there, without a
+/// copy ([`Client::import`]).
+///
+/// ```no_run
+/// use handoff_runtime::transfer_into;
+/// use handoff_xla::{Buffer, Client};
+/// let (a, b) = (Client::from_env()?, Client::from_env()?);
+/// let x = a.buffer_from_host(&a.device(0)?, &[1.0f32, 2.0], &[2])?;
+/// let y: Buffer = transfer_into(&x, &b)?; // x's memory, viewed by client b
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl ImportInto<Client> for Buffer {
+    fn ready_stream(client: &Client, device: handoff_runtime::Device) -> handoff_runtime::Result<Stream> {
+        Ok(client.ready_stream(&client.device_for(device, None)?)?)
+    }
+
+    fn import_into(handoff: Handoff, client: &Client) -> handoff_runtime::Result<Buffer> {
+        Ok(client.import(handoff)?)
     }
 }
 

@@ -61,7 +61,18 @@ impl Program {
 
     /// Whether it is MLIR bytecode.
     pub fn is_bytecode(&self) -> bool {
-        self.code.starts_with(MLIR_BYTECODE_MAGIC)
+        Program::is_bytecode_bytes(&self.code)
+    }
+
+    /// Whether `code` starts with MLIR bytecode's magic number.
+    pub(crate) fn is_bytecode_bytes(code: &[u8]) -> bool {
+        code.starts_with(MLIR_BYTECODE_MAGIC)
+    }
+
+    /// The same program under another name (used in errors and `Debug`).
+    pub fn named(mut self, name: impl Into<String>) -> Program {
+        self.name = name.into();
+        self
     }
 
     /// The program's name (its module name or file stem).
@@ -104,12 +115,12 @@ impl CompileOptions {
 
 /// A compiled, loaded program. Thread-safe: several threads may execute it at once.
 pub struct Executable {
-    client: Arc<ClientInner>,
+    pub(crate) client: Arc<ClientInner>,
     raw: *mut sys::PJRT_LoadedExecutable,
     name: String,
     parameters: Option<Vec<ArraySpec>>,
     outputs: Vec<ArraySpec>,
-    device: Option<usize>,
+    pub(crate) device: Option<usize>,
 }
 
 // SAFETY: PJRT loaded executables are thread-safe handles.
@@ -207,59 +218,68 @@ impl Executable {
         &self.outputs
     }
 
-    /// Checks `inputs` against the program's parameters: count, dtype, shape.
+    /// Checks `inputs` against the program: each must be a buffer of this
+    /// executable's client (always checked), and, when the program's parameters are
+    /// known, of the parameter's dtype and shape, in the right count.
     pub fn check_inputs(&self, inputs: &[&Buffer]) -> Result<()> {
+        for (index, b) in inputs.iter().enumerate() {
+            self.check_client(index, b)?;
+        }
         let Some(params) = &self.parameters else { return Ok(()) };
         if params.len() != inputs.len() {
-            return Err(XlaError::invalid(
-                format!("inputs of {}", self.name),
-                format!("{} buffers", inputs.len()),
-                format!("the program takes {} parameters: {}", params.len(), list(params)),
-            ));
+            return Err(XlaError::Arity {
+                program: self.name.clone(),
+                what: "inputs",
+                expected: params.len(),
+                got: inputs.len(),
+                detail: list(params),
+            });
         }
         for (index, (p, b)) in params.iter().zip(inputs).enumerate() {
-            if !Arc::ptr_eq(&b.inner.client, &self.client) {
-                return Err(XlaError::invalid(
-                    format!("input {index} of {}", self.name),
-                    format!("{b:?}"),
-                    "it belongs to another client",
-                ));
-            }
-            let got = ArraySpec { dtype: Some(b.dtype()), shape: b.shape().to_vec() };
-            if p.dtype.is_some() && p.dtype != got.dtype {
-                return Err(XlaError::InputMismatch {
-                    program: self.name.clone(),
-                    index,
-                    what: "dtype",
-                    expected: p.to_string(),
-                    got: got.to_string(),
-                });
-            }
-            if p.shape != got.shape {
-                return Err(XlaError::InputMismatch {
-                    program: self.name.clone(),
-                    index,
-                    what: "shape",
-                    expected: p.to_string(),
-                    got: got.to_string(),
-                });
-            }
+            check_spec(&self.name, index, p, b.dtype(), b.shape())?;
         }
         Ok(())
     }
 
+    /// Refuses a buffer of another client (its memory and device handles mean
+    /// nothing to this executable's client).
+    pub(crate) fn check_client(&self, index: usize, b: &Buffer) -> Result<()> {
+        if Arc::ptr_eq(&b.inner.client, &self.client) {
+            return Ok(());
+        }
+        Err(XlaError::ClientMismatch {
+            program: self.name.clone(),
+            index,
+            expected: format!("{:?}", Client { inner: self.client.clone() }),
+            got: format!("{:?} of {:?}", b, b.client()),
+        })
+    }
+
     /// Enqueues an execution on the executable's device and returns its outputs
-    /// (which become ready when the execution is done; nothing here waits).
+    /// (which become ready when the execution is done; nothing here waits). No input
+    /// is donated.
     pub fn execute(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
         self.check_inputs(inputs)?;
+        let raw: Vec<*mut sys::PJRT_Buffer> = inputs.iter().map(|b| b.raw()).collect();
+        let keep: Vec<i64> = (0..inputs.len() as i64).collect();
+        self.execute_raw(&raw, &keep)
+    }
+
+    /// Executes on raw input buffers (checked by the caller, held by it for the
+    /// call), with the inputs at `non_donatable` never donated.
+    pub(crate) fn execute_raw(
+        &self,
+        raw_inputs: &[*mut sys::PJRT_Buffer],
+        non_donatable: &[i64],
+    ) -> Result<Vec<Buffer>> {
         let api = self.client.api();
-        let raw_inputs: Vec<*mut sys::PJRT_Buffer> = inputs.iter().map(|b| b.raw()).collect();
         let device = match self.device {
             Some(i) => self.client.devices[i].raw,
             None => std::ptr::null_mut(),
         };
-        // SAFETY: the executable, the inputs (held by `inputs`) and the device are live.
-        let (outs, complete) = unsafe { api.execute(self.raw, &raw_inputs, self.outputs.len(), device)? };
+        // SAFETY: the executable, the inputs (held by the caller) and the device are live.
+        let (outs, complete) =
+            unsafe { api.execute(self.raw, raw_inputs, self.outputs.len(), device, non_donatable)? };
         // SAFETY: an owned event (dropped: readiness is tracked per output buffer).
         drop(unsafe { Event::from_raw(api, complete) });
         let mut buffers = Vec::with_capacity(outs.len());
@@ -291,6 +311,30 @@ impl Executable {
     }
 }
 
-fn list(specs: &[ArraySpec]) -> String {
+/// Checks one input's dtype and shape against its parameter.
+pub(crate) fn check_spec(
+    program: &str,
+    index: usize,
+    p: &ArraySpec,
+    dtype: handoff_runtime::dtype::DataType,
+    shape: &[i64],
+) -> Result<()> {
+    let what = if p.dtype.is_some_and(|d| d != dtype) {
+        "dtype"
+    } else if p.shape != shape {
+        "shape"
+    } else {
+        return Ok(());
+    };
+    Err(XlaError::InputMismatch {
+        program: program.to_string(),
+        index,
+        what,
+        expected: p.to_string(),
+        got: ArraySpec { dtype: Some(dtype), shape: shape.to_vec() }.to_string(),
+    })
+}
+
+pub(crate) fn list(specs: &[ArraySpec]) -> String {
     specs.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
 }

@@ -25,6 +25,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod artifact;
 mod buffer;
 mod client;
 pub mod dtype;
@@ -32,31 +33,21 @@ mod error;
 pub mod exchange;
 mod executable;
 pub mod hlo;
+mod kernel;
 mod plugin;
 pub mod result;
 pub mod sys;
 
+pub use artifact::Artifact;
 pub use buffer::{Buffer, Event, ViewWatch};
 pub use client::{Client, ClientOptions, Device};
 pub use error::{ErrorCode, Result, XlaError};
-pub use exchange::{CPU_ALIGNMENT, ImportOptions};
+pub use exchange::{Borrowed, CPU_ALIGNMENT, ImportOptions};
 pub use executable::{CompileOptions, Executable, Program};
 pub use hlo::ArraySpec;
+pub use kernel::{Args, AsIs, CallOptions, Imported, Inputs, Kernel, Output, Outputs, Source};
 pub use plugin::{PLUGIN_ENV, Plugin};
 pub use result::{OptionValue, Value};
-
-fn export_buffer(
-    value: handoff_runtime::registry::Erased,
-    consumer: &handoff_runtime::Stream,
-) -> handoff_runtime::Result<handoff_runtime::Handoff> {
-    match value.downcast::<Buffer>() {
-        Ok(buffer) => buffer.export(consumer),
-        Err(_) => Err(handoff_runtime::Error::Adapter {
-            adapter: "xla",
-            message: "not a handoff_xla::Buffer".into(),
-        }),
-    }
-}
 
 fn probe() -> Vec<handoff_runtime::registry::Probe> {
     use handoff_runtime::registry::Probe;
@@ -80,32 +71,14 @@ fn probe() -> Vec<handoff_runtime::registry::Probe> {
     ]
 }
 
-/// The client the registry imports with: one per process, on the plugin of
-/// `HANDOFF_PJRT_PLUGIN` (see [`Client::from_env`]), made on first use.
-pub fn registry_client() -> Result<&'static Client> {
-    static CLIENT: std::sync::OnceLock<Client> = std::sync::OnceLock::new();
-    if let Some(c) = CLIENT.get() {
-        return Ok(c);
-    }
-    let client = Client::from_env()?;
-    Ok(CLIENT.get_or_init(|| client))
-}
-
-fn import_handoff(
-    handoff: handoff_runtime::Handoff,
-) -> handoff_runtime::Result<handoff_runtime::registry::Erased> {
-    let client = registry_client()?;
-    Ok(Box::new(client.import(handoff)?))
-}
-
-// Imports go to the process's registry client (`registry_client`); a program with
-// its own client calls `Client::import`.
+// Imports go into the client the caller names: `registry::convert_into(value, "torch",
+// "xla", &client)`.
 handoff_runtime::registry::submit! {
     handoff_runtime::registry::Adapter::new("xla", env!("CARGO_PKG_VERSION"))
-        .about("PJRT buffers of XLA's CPU and CUDA plugins (imports on the plugin of $HANDOFF_PJRT_PLUGIN)")
+        .about("PJRT buffers of XLA's CPU and CUDA plugins (imports into a handoff_xla::Client)")
         .devices(&[handoff_runtime::registry::DeviceKind::Host, handoff_runtime::registry::DeviceKind::Cuda])
-        .dtypes(handoff_runtime::dtype::ALL)
-        .export_with::<Buffer>(export_buffer)
-        .import_with::<Buffer>(import_handoff)
+        .dtypes(&dtype::DTYPES)
+        .exports::<Buffer>()
+        .imports_into::<Buffer, Client>()
         .probe(probe)
 }

@@ -645,8 +645,12 @@ impl Api {
         inputs: &[*mut sys::PJRT_Buffer],
         num_outputs: usize,
         device: *mut sys::PJRT_Device,
+        non_donatable: &[i64],
     ) -> Result<(Vec<*mut sys::PJRT_Buffer>, *mut sys::PJRT_Event)> {
-        let mut options = args!(PJRT_ExecuteOptions {});
+        let mut options = args!(PJRT_ExecuteOptions {
+            non_donatable_input_indices: non_donatable.as_ptr(),
+            num_non_donatable_input_indices: non_donatable.len(),
+        });
         let arg_list: *const *mut sys::PJRT_Buffer = inputs.as_ptr();
         let mut outputs: Vec<*mut sys::PJRT_Buffer> = vec![null_mut(); num_outputs];
         let out_list: *mut *mut sys::PJRT_Buffer = outputs.as_mut_ptr();

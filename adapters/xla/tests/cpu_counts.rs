@@ -5,7 +5,9 @@
 
 mod common;
 
-use handoff_runtime::{Device, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType, reaper, stats};
+use handoff_runtime::{
+    Device, Export, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType, reaper, stats,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -43,7 +45,7 @@ fn views_and_exports_are_released_exactly_once() {
         assert!(!watch.is_released());
         // Every other round, export the view back out and drop the export first.
         if i % 2 == 0 {
-            let out = view.export(&Stream::host()).unwrap();
+            let out = view.clone().export(&Stream::host()).unwrap();
             assert_eq!(out.shape(), &[16]);
             drop(view);
             assert!(!watch.is_released(), "released while an export still holds the buffer");
@@ -57,7 +59,7 @@ fn views_and_exports_are_released_exactly_once() {
     // Exports of PJRT-owned buffers: the external reference goes back each time.
     let x = c.buffer_from_host(&d, &[1.0f32; 16], &[16]).unwrap();
     for _ in 0..N {
-        drop(x.export(&Stream::host()).unwrap());
+        drop(x.clone().export(&Stream::host()).unwrap());
     }
     drop(x);
     reaper::flush_stream(&Stream::host());

@@ -8,7 +8,7 @@ use common::*;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use handoff_runtime::dtype::DataType;
-use handoff_runtime::{Device, Handoff, Ready, Release, Stream, TensorDesc, reaper, stats};
+use handoff_runtime::{Device, Export, Handoff, Ready, Release, Stream, TensorDesc, reaper, stats};
 use handoff_xla::{Client, ClientOptions, Plugin};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,7 +136,7 @@ fn gpu_functional() {
     let y = c.compile(&program("gelu_scale_f32_1024.mlir")).unwrap();
     let xin = c.buffer_from_host(&d, &vec![0.5f32; N], &[N as i64]).unwrap();
     let out = y.execute(&[&xin]).unwrap().remove(0);
-    let h = out.export(&hstream(&s)).unwrap();
+    let h = out.clone().export(&hstream(&s)).unwrap();
     assert_eq!(h.data_ptr() as *mut std::ffi::c_void, out.device_pointer().unwrap());
     assert_eq!(h.ready(), Ready::Waited);
 }
@@ -184,7 +184,7 @@ fn gpu_export_no_host_sync() {
         let out = exe.execute(&[&x]).unwrap().remove(0); // pending ~50 ms
         let mut dst: CudaSlice<f32> = consumer.alloc_zeros(N).unwrap();
         let t = Instant::now();
-        let (h, s) = stats::measure(|| out.export(&hstream(&consumer)).unwrap());
+        let (h, s) = stats::measure(|| out.clone().export(&hstream(&consumer)).unwrap());
         let host = t.elapsed();
         assert_eq!(s.host_syncs, 0, "{s}");
         assert!(host < Duration::from_millis(1), "export took {host:?} on the host");
@@ -229,7 +229,7 @@ fn gpu_lifetime_under_churn() {
         // output after the XLA buffer and the hand-off are dropped and XLA reallocates.
         let xin = c.buffer_from_host(&d, &vec![value; N], &[N as i64]).unwrap();
         let y = exe.execute(&[&xin]).unwrap().remove(0);
-        let h = y.export(&hstream(&consumer)).unwrap();
+        let h = y.clone().export(&hstream(&consumer)).unwrap();
         let mut dst: CudaSlice<f32> = consumer.alloc_zeros(N).unwrap();
         let (src, n, ns) = (h.data_ptr() as u64, N as u32, SPIN_NS);
         // SAFETY (test): as above.

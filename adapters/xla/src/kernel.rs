@@ -1,0 +1,546 @@
+//! Kernels: a compiled XLA program you call on any exportable values — PyTorch
+//! tensors, CUDA buffers, XLA buffers, your own types — getting values of the type
+//! you ask for back, in one call.
+//!
+//! ```no_run
+//! use handoff_xla::{Client, Kernel};
+//! let client = Client::from_env()?;
+//! let kernel = Kernel::load(&client, "adapters/xla/programs/ln_gelu_f32_64x64.mlir")?;
+//! let h = client.buffer_from_host(&client.device(0)?, &[0.5f32; 64 * 64], &[64, 64])?;
+//! let y: handoff_xla::Buffer = kernel.call1(&h)?; // with handoff-torch: `let y: tch::Tensor = kernel.call1(&t)?`
+//! # Ok::<(), handoff_xla::XlaError>(())
+//! ```
+//!
+//! What a call does, with no stream written by the caller:
+//!
+//! 1. Each argument is checked against the program's parameter (device, dtype, shape;
+//!    an XLA buffer also for its client), with an error naming the argument index,
+//!    the expected and the actual value, before the program runs.
+//! 2. Each argument that is not already a buffer of the kernel's client is exported
+//!    straight to the kernel device's ready stream (one event wait on CUDA, cached
+//!    stream, one `order` per hand-off) and viewed there without a copy.
+//! 3. The program is enqueued (no input is donated unless asked for; read-only inputs
+//!    never are).
+//! 4. Each output is returned as the type asked for: an XLA [`Buffer`] as it is, any
+//!    other type through a hand-off made ready on the stream the inputs came from
+//!    (PyTorch's current stream for tch tensors), or [`CallOptions::output_stream`].
+
+use crate::artifact::Artifact;
+use crate::buffer::Buffer;
+use crate::client::{Client, Device};
+use crate::error::{Result, XlaError};
+use crate::exchange::ImportOptions;
+use crate::executable::{CompileOptions, Executable, Program, check_spec, list};
+use crate::hlo::ArraySpec;
+use crate::sys;
+use handoff_runtime::{Export, Exportable, Importable, Stream};
+use std::any::Any;
+use std::marker::PhantomData;
+use std::path::Path;
+
+/// A compiled program with its calling convention, callable on any exportable values.
+///
+/// Load StableHLO (text or bytecode) or a `jax.export` artifact with [`Kernel::load`],
+/// or build one with [`Kernel::compile`]; call it with [`Kernel::call1`] (one input,
+/// one output), [`Kernel::call`] (arrays, tuples or vectors of inputs and outputs) or
+/// [`Kernel::call_with`] (options). Thread-safe.
+pub struct Kernel {
+    exe: Executable,
+    client: Client,
+    device: Device,
+    /// The stream the device reads inputs on (the host on CPU).
+    ready: Stream,
+    /// The caller-visible parameters, when known.
+    params: Option<Vec<ArraySpec>>,
+    /// For each caller-visible parameter, whether the program takes it (a
+    /// `jax.export` artifact drops unused ones).
+    kept: Option<Vec<bool>>,
+    /// The platform-index argument a multi-platform `jax.export` artifact takes first.
+    platform_index: Option<Buffer>,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("name", &self.exe.name())
+            .field("device", &self.device)
+            .field("params", &self.params)
+            .field("outputs", &self.exe.outputs())
+            .finish()
+    }
+}
+
+/// What a kernel is compiled from: a StableHLO [`Program`] or a `jax.export` [`Artifact`].
+#[derive(Debug)]
+pub enum Source {
+    /// StableHLO text or bytecode.
+    Program(Program),
+    /// A `jax.export` artifact (its module and calling convention).
+    Artifact(Artifact),
+}
+
+impl From<Program> for Source {
+    fn from(p: Program) -> Source {
+        Source::Program(p)
+    }
+}
+
+impl From<Artifact> for Source {
+    fn from(a: Artifact) -> Source {
+        Source::Artifact(a)
+    }
+}
+
+impl Source {
+    /// Reads a file: `.mlir` is StableHLO text, `.mlirbc` bytecode; anything else is
+    /// recognized by its content (MLIR bytecode magic, a `jax.export` flatbuffer, or text).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Source> {
+        let path = path.as_ref();
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("mlir") | Some("mlirbc") => return Ok(Source::Program(Program::from_file(path)?)),
+            _ => {}
+        }
+        let bytes = std::fs::read(path)
+            .map_err(|e| XlaError::invalid("kernel path", path.display(), e.to_string()))?;
+        Source::from_bytes(bytes, path.file_stem().map(|s| s.to_string_lossy().into_owned()))
+    }
+
+    /// Recognizes bytes by their content: MLIR bytecode, a `jax.export` artifact, or
+    /// StableHLO text.
+    pub fn from_bytes(bytes: Vec<u8>, name: Option<String>) -> Result<Source> {
+        let program = if Program::is_bytecode_bytes(&bytes) {
+            Program::bytecode(bytes)
+        } else {
+            match Artifact::from_bytes(&bytes) {
+                Ok(a) => return Ok(Source::Artifact(a)),
+                // An artifact that is read but refused says why.
+                Err(e @ XlaError::Unsupported { .. }) => return Err(e),
+                Err(not_artifact) => match String::from_utf8(bytes) {
+                    Ok(text) => Program::text(text),
+                    Err(_) => return Err(not_artifact),
+                },
+            }
+        };
+        Ok(Source::Program(match name {
+            Some(n) => program.named(n),
+            None => program,
+        }))
+    }
+}
+
+/// Options of a kernel call, for the rare cases.
+///
+/// ```
+/// let o = handoff_xla::CallOptions::default().allow_copy();
+/// assert!(o.allow_copy && !o.donate && o.output_stream.is_none());
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// The stream the outputs are made ready on and consumed on (default: the stream
+    /// the first input with a stream came from; else the kernel's ready stream, the
+    /// host on CPU). Outputs returned as XLA buffers need none.
+    pub output_stream: Option<Stream>,
+    /// Copy host memory XLA's CPU client cannot view (not 64-byte aligned) instead of
+    /// refusing it (counted, see [`ImportOptions::allow_copy`]).
+    pub allow_copy: bool,
+    /// Let the program donate inputs it aliases to outputs (off by default: the
+    /// inputs are the caller's tensors). Read-only inputs are never donated.
+    pub donate: bool,
+}
+
+impl CallOptions {
+    /// Outputs made ready on, and consumed on, `stream`.
+    pub fn output_stream(mut self, stream: Stream) -> Self {
+        self.output_stream = Some(stream);
+        self
+    }
+
+    /// Allows a copy where a zero-copy view is impossible.
+    pub fn allow_copy(mut self) -> Self {
+        self.allow_copy = true;
+        self
+    }
+
+    /// Allows donation of writable inputs.
+    pub fn donate(mut self) -> Self {
+        self.donate = true;
+        self
+    }
+}
+
+impl Kernel {
+    /// Loads and compiles a kernel file (see [`Source::from_file`]) for the client's
+    /// first device.
+    pub fn load(client: &Client, path: impl AsRef<Path>) -> Result<Kernel> {
+        Kernel::compile(client, Source::from_file(path)?, &CompileOptions::default())
+    }
+
+    /// Compiles a program or artifact with options (the device to run on).
+    ///
+    /// An artifact must have been exported for the client's platform; one exported
+    /// for several platforms gets its platform-index argument from the kernel, so
+    /// callers pass only their own inputs.
+    pub fn compile(client: &Client, source: impl Into<Source>, options: &CompileOptions) -> Result<Kernel> {
+        let device = client.device(options.device.unwrap_or(0))?;
+        let (exe, params, kept, platform_index) = match source.into() {
+            Source::Program(program) => {
+                let exe = client.compile_with(&program, options)?;
+                let params = exe.parameters().map(<[ArraySpec]>::to_vec);
+                (exe, params, None, None)
+            }
+            Source::Artifact(artifact) => {
+                let platform = client.platform().to_ascii_lowercase();
+                let Some(index) = artifact.platform_index(&platform) else {
+                    return Err(XlaError::invalid(
+                        "jax.export artifact platforms",
+                        format!("{:?}", artifact.platforms()),
+                        format!("the client's platform is {platform}: export for it too"),
+                    ));
+                };
+                let program = Program::bytecode(artifact.module().to_vec()).named(artifact.function_name());
+                let exe = client.compile_with(&program, options)?;
+                let platform_index = if artifact.takes_platform_index() {
+                    Some(client.platform_index_buffer(&device, index)?)
+                } else {
+                    None
+                };
+                let n = artifact.inputs().len();
+                let mut kept = vec![false; n];
+                for &k in artifact.kept_inputs() {
+                    if let Some(slot) = kept.get_mut(k) {
+                        *slot = true;
+                    }
+                }
+                (exe, Some(artifact.inputs().to_vec()), Some(kept), platform_index)
+            }
+        };
+        let ready = client.ready_stream(&device)?;
+        Ok(Kernel { exe, client: client.clone(), device, ready, params, kept, platform_index })
+    }
+
+    /// The program's name.
+    pub fn name(&self) -> &str {
+        self.exe.name()
+    }
+
+    /// The parameters callers pass, when known (`None` when the plugin gives no
+    /// program shape; then only clients and devices are checked).
+    pub fn parameters(&self) -> Option<&[ArraySpec]> {
+        self.params.as_deref()
+    }
+
+    /// The outputs it returns.
+    pub fn outputs(&self) -> &[ArraySpec] {
+        self.exe.outputs()
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The client it belongs to.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The stream inputs are made ready on (the device's ready stream; the host on CPU).
+    pub fn ready_stream(&self) -> &Stream {
+        &self.ready
+    }
+
+    /// The compiled executable, for adapter authors who execute buffers themselves.
+    pub fn executable(&self) -> &Executable {
+        &self.exe
+    }
+
+    /// Calls the kernel on one input and returns its one output, as the type asked for.
+    ///
+    /// ```no_run
+    /// # use handoff_xla::{Buffer, Client, Kernel};
+    /// # let client = Client::from_env()?;
+    /// # let kernel = Kernel::load(&client, "adapters/xla/programs/gelu_scale_f32_4x8.mlir")?;
+    /// let x = client.buffer_from_host(&client.device(0)?, &[0.5f32; 32], &[4, 8])?;
+    /// let y: Buffer = kernel.call1(&x)?;
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn call1<X: Exportable<V>, V, Y: Output<W>, W>(&self, x: X) -> Result<Y> {
+        let [y] = self.call_with(&CallOptions::default(), [x])?;
+        Ok(y)
+    }
+
+    /// Calls the kernel on several inputs (an array, a tuple or a `Vec`) and returns
+    /// its outputs as an array, a tuple or a `Vec`.
+    ///
+    /// ```no_run
+    /// # use handoff_xla::{Buffer, Client, Kernel};
+    /// # let client = Client::from_env()?;
+    /// let kernel = Kernel::load(&client, "adapters/xla/programs/matmul_f32_16x32x8.mlir")?;
+    /// let d = client.device(0)?;
+    /// let (a, b) = (client.buffer_from_host(&d, &[1.0f32; 512], &[16, 32])?, client.buffer_from_host(&d, &[1.0f32; 256], &[32, 8])?);
+    /// let [c]: [Buffer; 1] = kernel.call([&a, &b])?;
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn call<A: Args<V>, V, R: Outputs<W>, W>(&self, args: A) -> Result<R> {
+        self.call_with(&CallOptions::default(), args)
+    }
+
+    /// [`call`](Self::call) with options.
+    pub fn call_with<A: Args<V>, V, R: Outputs<W>, W>(&self, options: &CallOptions, args: A) -> Result<R> {
+        if let Some(params) = &self.params
+            && params.len() != args.len()
+        {
+            return Err(XlaError::Arity {
+                program: self.name().to_string(),
+                what: "inputs",
+                expected: params.len(),
+                got: args.len(),
+                detail: list(params),
+            });
+        }
+        let outputs = self.exe.outputs();
+        if let Some(n) = R::COUNT
+            && n != outputs.len()
+        {
+            return Err(XlaError::Arity {
+                program: self.name().to_string(),
+                what: "outputs",
+                expected: outputs.len(),
+                got: n,
+                detail: list(outputs),
+            });
+        }
+        let mut inputs = Inputs {
+            kernel: self,
+            options,
+            index: 0,
+            buffers: Vec::with_capacity(args.len() + 1),
+            read_only: Vec::new(),
+            stream: None,
+        };
+        if let Some(p) = &self.platform_index {
+            inputs.buffers.push(p.clone());
+        }
+        args.visit(&mut inputs)?;
+        let raw: Vec<*mut sys::PJRT_Buffer> = inputs.buffers.iter().map(Buffer::raw).collect();
+        let non_donatable: Vec<i64> =
+            if options.donate { inputs.read_only } else { (0..raw.len() as i64).collect() };
+        let outs = self.exe.execute_raw(&raw, &non_donatable)?;
+        drop(inputs.buffers);
+        let consumer = match (&options.output_stream, inputs.stream) {
+            (Some(s), _) => s.clone(),
+            (None, Some(s)) => s,
+            (None, None) => self.ready.clone(),
+        };
+        R::from_outputs(outs, &consumer)
+    }
+}
+
+/// Collects a call's inputs: checks each against its parameter and makes it a buffer
+/// of the kernel's client. [`Args`] impls hand it each input with [`Inputs::push`].
+pub struct Inputs<'k> {
+    kernel: &'k Kernel,
+    options: &'k CallOptions,
+    index: usize,
+    buffers: Vec<Buffer>,
+    /// Positions (in the program's arguments) of read-only inputs.
+    read_only: Vec<i64>,
+    /// The stream of the first input that has one.
+    stream: Option<Stream>,
+}
+
+impl Inputs<'_> {
+    /// Takes the next input.
+    pub fn push<E: Export>(&mut self, value: E) -> Result<()> {
+        let index = self.index;
+        self.index += 1;
+        let k = self.kernel;
+        let name = k.name();
+        let param = k.params.as_ref().and_then(|p| p.get(index));
+        let kept = k.kept.as_ref().is_none_or(|kept| kept.get(index).copied().unwrap_or(true));
+        if let Some(buffer) = (&value as &dyn Any).downcast_ref::<Buffer>() {
+            k.exe.check_client(index, buffer)?;
+            if buffer.device() != k.device {
+                return Err(device_mismatch(name, index, &k.device, format!("{:?}", buffer.device())));
+            }
+            if let Some(p) = param {
+                check_spec(name, index, p, buffer.dtype(), buffer.shape())?;
+            }
+            if kept {
+                self.buffers.push(buffer.clone());
+            }
+            return Ok(());
+        }
+        let device = value.device();
+        if device != k.device.handoff_device() {
+            return Err(device_mismatch(name, index, &k.device, device));
+        }
+        if self.stream.is_none() {
+            self.stream = value.stream().filter(|s| !s.is_host());
+        }
+        if !kept {
+            // The program does not read it: check what can be checked without an export.
+            if let Some(p) = param {
+                let desc = value.describe()?;
+                check_spec(name, index, p, desc.dtype, &desc.shape)?;
+            }
+            return Ok(());
+        }
+        let handoff = value.export(&k.ready)?;
+        if let Some(p) = param {
+            check_spec(name, index, p, handoff.dtype(), handoff.shape())?;
+        }
+        if handoff.is_read_only() {
+            self.read_only.push(self.buffers.len() as i64);
+        }
+        let options = ImportOptions { allow_copy: self.options.allow_copy, device: Some(k.device.index) };
+        self.buffers.push(k.client.import_with(handoff, options)?);
+        Ok(())
+    }
+}
+
+fn device_mismatch(program: &str, index: usize, expected: &Device, got: impl std::fmt::Debug) -> XlaError {
+    XlaError::InputMismatch {
+        program: program.to_string(),
+        index,
+        what: "device",
+        expected: format!("{expected:?}"),
+        got: format!("{got:?}"),
+    }
+}
+
+/// The inputs of a call: an array `[X; N]`, a `Vec<X>`, or a tuple of up to six
+/// values, each [`Exportable`] (a `&tch::Tensor`, a `&Buffer`, any `Export` type).
+/// `Via` is inferred.
+pub trait Args<Via> {
+    /// How many inputs.
+    fn len(&self) -> usize;
+
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hands each input, in order, to `inputs`.
+    fn visit(self, inputs: &mut Inputs<'_>) -> Result<()>;
+}
+
+impl<X: Exportable<V>, V, const N: usize> Args<V> for [X; N] {
+    fn len(&self) -> usize {
+        N
+    }
+
+    fn visit(self, inputs: &mut Inputs<'_>) -> Result<()> {
+        self.into_iter().try_for_each(|x| inputs.push(x.into_exportable()?))
+    }
+}
+
+impl<X: Exportable<V>, V> Args<V> for Vec<X> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn visit(self, inputs: &mut Inputs<'_>) -> Result<()> {
+        self.into_iter().try_for_each(|x| inputs.push(x.into_exportable()?))
+    }
+}
+
+macro_rules! tuple_args {
+    ($n:literal: $($x:ident $v:ident),*) => {
+        impl<$($x: Exportable<$v>, $v),*> Args<($($v,)*)> for ($($x,)*) {
+            fn len(&self) -> usize {
+                $n
+            }
+
+            #[allow(non_snake_case)]
+            fn visit(self, inputs: &mut Inputs<'_>) -> Result<()> {
+                let ($($x,)*) = self;
+                $(inputs.push($x.into_exportable()?)?;)*
+                Ok(())
+            }
+        }
+    };
+}
+
+tuple_args!(1: A VA);
+tuple_args!(2: A VA, B VB);
+tuple_args!(3: A VA, B VB, C VC);
+tuple_args!(4: A VA, B VB, C VC, D VD);
+tuple_args!(5: A VA, B VB, C VC, D VD, E VE);
+tuple_args!(6: A VA, B VB, C VC, D VD, E VE, F VF);
+
+/// What one output of a call can be returned as: an XLA [`Buffer`] as it is, or any
+/// type a hand-off imports into ([`Importable`]: a `tch::Tensor`, a `TorchTensor`, a
+/// `CudaTensor`, your own type). `Via` is inferred.
+pub trait Output<Via>: Sized {
+    /// Turns an output buffer into `Self`, consumed on `consumer`.
+    fn from_output(buffer: Buffer, consumer: &Stream) -> Result<Self>;
+}
+
+/// The marker of [`Output`] for [`Importable`] types (inferred, never written).
+pub struct Imported<V>(PhantomData<V>);
+
+/// The marker of [`Output`] for [`Buffer`] (inferred, never written).
+pub enum AsIs {}
+
+impl<T: Importable<V>, V> Output<Imported<V>> for T {
+    fn from_output(buffer: Buffer, consumer: &Stream) -> Result<T> {
+        Ok(T::import_handoff(buffer.export(consumer)?)?)
+    }
+}
+
+impl Output<AsIs> for Buffer {
+    fn from_output(buffer: Buffer, _consumer: &Stream) -> Result<Buffer> {
+        Ok(buffer)
+    }
+}
+
+/// The outputs of a call: an array `[Y; N]`, a `Vec<Y>`, or a tuple of up to four,
+/// each an [`Output`]. `Via` is inferred.
+pub trait Outputs<Via>: Sized {
+    /// How many outputs it holds (`None`: any number).
+    const COUNT: Option<usize>;
+
+    /// Builds it from the program's outputs, consumed on `consumer`.
+    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self>;
+}
+
+impl<Y: Output<W>, W, const N: usize> Outputs<W> for [Y; N] {
+    const COUNT: Option<usize> = Some(N);
+
+    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
+        let got = buffers.len();
+        let v = Vec::<Y>::from_outputs(buffers, consumer)?;
+        v.try_into().map_err(|_| XlaError::invalid("outputs", got, format!("{N} were expected")))
+    }
+}
+
+impl<Y: Output<W>, W> Outputs<W> for Vec<Y> {
+    const COUNT: Option<usize> = None;
+
+    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
+        buffers.into_iter().map(|b| Y::from_output(b, consumer)).collect()
+    }
+}
+
+macro_rules! tuple_outputs {
+    ($n:literal: $($y:ident $w:ident),*) => {
+        impl<$($y: Output<$w>, $w),*> Outputs<($($w,)*)> for ($($y,)*) {
+            const COUNT: Option<usize> = Some($n);
+
+            fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
+                let got = buffers.len();
+                let mut it = buffers.into_iter();
+                let out = ($($y::from_output(
+                    it.next().ok_or_else(|| XlaError::invalid("outputs", got, format!("{} were expected", $n)))?,
+                    consumer,
+                )?,)*);
+                Ok(out)
+            }
+        }
+    };
+}
+
+tuple_outputs!(2: A WA, B WB);
+tuple_outputs!(3: A WA, B WB, C WC);
+tuple_outputs!(4: A WA, B WB, C WC, D WD);
