@@ -74,10 +74,11 @@ pub const PACKAGES: &[Package] = &[
         features: &["cuda"],
         needs_setup: true,
     },
-    // The pipeline benchmark (tch -> XLA -> tch); run.sh then runs bench/python_pipeline.py.
+    // The kernel call on PyTorch CUDA tensors, and the pipeline benchmark (tch -> XLA ->
+    // tch); run.sh then runs bench/python_pipeline.py.
     Package {
         name: "handoff-examples",
-        kinds: &[Kind::Bench("pipeline_gpu")],
+        kinds: &[Kind::Test("kernel_call"), Kind::Bench("pipeline_gpu")],
         features: &[],
         needs_setup: true,
     },
@@ -255,7 +256,7 @@ run() {{
     "$HERE/bin/$name" > "$log" 2>&1; rc=$?
   fi
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  grep -E 'test result|SKIPPED:|^BENCH|no-host-sync:|control \(|pool:|release \(|elision:|cross-stream /|same-stream:' "$log" | sed 's/^/   /'
+  grep -E 'test result|SKIPPED:|^BENCH|no-host-sync:|control \(|pool:|release \(|elision:|cross-stream /|same-stream:|kernel call' "$log" | sed 's/^/   /'
   local skipped=$(grep -c 'SKIPPED:' "$log")
   if [ "$rc" -ne 0 ]; then
     failed=$((failed + 1))

@@ -3,7 +3,21 @@
 //! XLA for Rust programs through the PJRT C API that JAX uses, with buffers
 //! exchanged zero-copy and stream-ordered with the rest of handoff.
 //!
-//! Three layers, as in cudarc:
+//! The common path is one call: a [`Kernel`] (StableHLO, or a `jax.export`
+//! [`Artifact`]) called on any exportable values — PyTorch tensors, CUDA buffers, XLA
+//! buffers, your own types — returning the type asked for, with no stream written:
+//!
+//! ```no_run
+//! use handoff_xla::{Buffer, Client, Kernel};
+//! let client = Client::from_env()?; // HANDOFF_PJRT_PLUGIN
+//! let kernel = Kernel::load(&client, "adapters/xla/programs/ln_gelu_f32_8x16_cpu.jaxexport")?;
+//! let x = client.buffer_from_host(&client.device(0)?, &[0.5f32; 128], &[8, 16])?;
+//! let y: Buffer = kernel.call1(&x)?; // with handoff-torch: `let y: tch::Tensor = kernel.call1(&t)?`
+//! println!("{:?}", y.to_vec::<f32>()?);
+//! # Ok::<(), handoff_xla::XlaError>(())
+//! ```
+//!
+//! Underneath, three layers, as in cudarc:
 //! - [`sys`]: own `repr(C)` bindings of PJRT C API **0.115** (no bindgen), loaded
 //!   with `libloading`;
 //! - [`result`]: thin wrappers turning a `PJRT_Error` into [`XlaError::Pjrt`] (its
@@ -11,18 +25,9 @@
 //! - safe RAII types: [`Plugin`] (loaded once, never unloaded), [`Client`],
 //!   [`Device`], [`Executable`], [`Buffer`], [`Event`], each destroyed exactly once.
 //!
-//! Exchange: [`Client::import`] views a [`handoff_runtime::Handoff`] as a PJRT buffer
-//! and [`Buffer::export`] hands a PJRT buffer out as one (see [`exchange`]).
-//!
-//! ```no_run
-//! use handoff_xla::{Client, Program};
-//! let client = Client::from_env()?; // HANDOFF_PJRT_PLUGIN
-//! let exe = client.compile(&Program::from_file("adapters/xla/programs/gelu_scale_f32_4x8.mlir")?)?;
-//! let x = client.buffer_from_host(&client.device(0)?, &[0.5f32; 32], &[4, 8])?;
-//! let y = exe.execute(&[&x])?;
-//! println!("{:?}", y[0].to_vec::<f32>()?);
-//! # Ok::<(), handoff_xla::XlaError>(())
-//! ```
+//! Exchange: [`Buffer`] is `StreamOrdered` and `Export` like every adapter's type, and
+//! imports into a [`Client`] (`ImportInto<Client>`: `handoff::transfer_into(value,
+//! &client)`, or [`Client::import`] for a [`handoff_runtime::Handoff`]); see [`exchange`].
 #![warn(missing_docs)]
 
 mod artifact;

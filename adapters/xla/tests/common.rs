@@ -2,7 +2,6 @@
 #![allow(dead_code)]
 
 use handoff_xla::{Client, Plugin, Program};
-use std::path::PathBuf;
 
 /// The plugin the CPU tests use. `HANDOFF_PJRT_PLUGIN` must be set (the xtask sets
 /// it): without it the tests fail with this message, unless
@@ -25,9 +24,42 @@ pub fn client() -> Option<Client> {
     Some(Client::new(p, &Default::default()).expect("client"))
 }
 
+macro_rules! embedded {
+    ($($file:literal),* $(,)?) => {
+        /// The bytes of a program of `programs/`, embedded in the test binary so that
+        /// it runs from any directory (the GPU bundle runs it on another machine).
+        pub fn program_bytes(name: &str) -> &'static [u8] {
+            match name {
+                $($file => include_bytes!(concat!("../programs/", $file)),)*
+                _ => panic!("{name} is not embedded in the tests: add it to tests/common.rs"),
+            }
+        }
+    };
+}
+
+embedded!(
+    "gelu_scale_f32_1024.mlir",
+    "gelu_scale_f32_4x8.mlir",
+    "gelu_scale_f32_4x8_cpu.mlirbc",
+    "gelu_scale_f32_4x8_cuda.mlirbc",
+    "layernorm_gelu_bf16_64x64.mlir",
+    "layernorm_gelu_f32_64x64.mlir",
+    "layernorm_gelu_f32_1024x1024.mlir",
+    "matmul_f32_16x32x8.mlir",
+    "row_sum_f32_8x16.mlir",
+    "sum_and_max_f32_64.mlir",
+);
+
+/// An embedded program (see [`program_bytes`]), named after its file.
 pub fn program(name: &str) -> Program {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("programs").join(name);
-    Program::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    let bytes = program_bytes(name);
+    let stem = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
+    let p = if name.ends_with(".mlirbc") {
+        Program::bytecode(bytes.to_vec())
+    } else {
+        Program::text(std::str::from_utf8(bytes).expect("StableHLO text"))
+    };
+    p.named(stem)
 }
 
 pub fn gelu(x: f32) -> f32 {

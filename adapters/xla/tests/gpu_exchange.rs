@@ -163,7 +163,8 @@ fn gpu_import_no_host_sync() {
         let host = t.elapsed();
         assert_eq!(s.host_syncs, 0, "{s}");
         println!("no-host-sync: xla import + execute, trial {i}: host {host:?}");
-        assert!(host < Duration::from_millis(1), "trial {i}: import + execute took {host:?} on the host");
+        // A fifth of the 50 ms queued: far from a real wait and from scheduler noise.
+        assert!(host < Duration::from_millis(10), "trial {i}: import + execute took {host:?} on the host");
         assert!(!out.is_ready().unwrap(), "the output waits for the producer's 50 ms kernel");
         let y = out.to_vec::<f32>().unwrap();
         close(&y, &vec![gelu_scale(value); N], 1e-5);
@@ -187,7 +188,10 @@ fn gpu_export_no_host_sync() {
         let (h, s) = stats::measure(|| out.clone().export(&hstream(&consumer)).unwrap());
         let host = t.elapsed();
         assert_eq!(s.host_syncs, 0, "{s}");
-        assert!(host < Duration::from_millis(1), "export took {host:?} on the host");
+        assert!(
+            host < Duration::from_millis(10),
+            "export took {host:?} on the host (bound: a fifth of 50 ms)"
+        );
         let (src, n, ns) = (h.data_ptr() as u64, N as u32, 0u64);
         // SAFETY (test): the kernel's parameters match its PTX signature; `src` is
         // kept alive by `h` until the consumer's work is done.
