@@ -211,7 +211,7 @@ fn trial(k: &Kernel, src: &Tensor, cycles: i64, lie: bool) -> (bool, Duration, u
     let h = Tensor::zeros([8, 16], (Kind::Float, Device::Cuda(0)));
     tch::Cuda::synchronize(0);
     handoff_torch::cuda::sleep(0, cycles).unwrap();
-    let _ = h.shallow_clone().copy_(src);
+    h.shallow_clone().copy_(src);
     let t = Instant::now();
     let (y, d) = stats::measure(|| {
         if lie {

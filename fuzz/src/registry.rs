@@ -261,7 +261,7 @@ fn import_case(w: &World, u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
         return Ok(());
     };
     let (device, dtype): (Device, DataType) = (h.device(), h.dtype());
-    let result = registry::find(&to).map(|a| (a, a.import(h)));
+    let result = registry::find(&to).map(|a| (a, a.import(h, &stream)));
     match &result {
         Err(e) => assert!(matches!(e, RegistryError::UnknownAdapter { .. }), "{e}"),
         Ok((a, Ok(out))) => {

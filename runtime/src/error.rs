@@ -36,6 +36,21 @@ pub enum Error {
         reason: String,
     },
 
+    /// A stream handle that names a different stream on each thread (CUDA's
+    /// per-thread default stream) used on a thread other than the one it was made on.
+    #[error(
+        "{stream} is the per-thread default stream of thread {owner}, and this is thread {here}, where \
+         the same handle names another stream: use it on the thread that made it"
+    )]
+    WrongThread {
+        /// The stream.
+        stream: String,
+        /// The thread it belongs to.
+        owner: String,
+        /// The calling thread.
+        here: String,
+    },
+
     /// A backend call failed (a CUDA driver error, a PJRT error, a mock misuse).
     #[error("{backend}: {call} failed: {message}")]
     Backend {

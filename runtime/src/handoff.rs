@@ -138,9 +138,11 @@ pub struct Handoff {
 impl Handoff {
     /// Makes `value` ready on `consumer` and wraps it (what [`Export::export`] does).
     pub fn export<T: Export>(value: T, consumer: &Stream) -> Result<Handoff> {
-        let same_stream = value.stream().as_ref() == Some(consumer);
+        // Immediate only when the memory goes back in order on the consumer's own
+        // stream: then the free itself waits for the consumer's queued work.
+        let released_in_order = value.release_stream().as_ref() == Some(consumer);
         let ready = value.ready_on(consumer)?;
-        let release = if same_stream { Release::Immediately } else { Release::AfterConsumer };
+        let release = if released_in_order { Release::Immediately } else { Release::AfterConsumer };
         Handoff::with_keep_alive(value, |v| v.describe(), consumer, ready, release)
     }
 

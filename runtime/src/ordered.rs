@@ -41,6 +41,20 @@ pub trait StreamOrdered {
     /// (host memory written by the host).
     fn stream(&self) -> Option<Stream>;
 
+    /// The stream the value's memory goes back on when the value is dropped: a
+    /// stream-ordered free there (cudarc's `cuMemFreeAsync`, the mock's) waits for the
+    /// work enqueued on that stream, and for no other. A consumer on this very stream
+    /// may let the value go as soon as it drops its view ([`Release::Immediately`]);
+    /// any other consumer's release waits for its queued work (the reaper).
+    ///
+    /// Default: [`stream`](Self::stream). Types whose stream can change after the
+    /// memory was allocated (`set_stream`) return the allocation stream.
+    ///
+    /// [`Release::Immediately`]: crate::Release::Immediately
+    fn release_stream(&self) -> Option<Stream> {
+        self.stream()
+    }
+
     /// Makes the value's pending writes visible to work enqueued on `consumer` from
     /// now on, without blocking the host (unless `consumer` is the host itself).
     fn ready_on(&self, consumer: &Stream) -> Result<Ready> {

@@ -4,10 +4,12 @@
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stats::{self, Counter};
+use std::any::Any;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::ThreadId;
 
 /// A backend's raw stream handle (a `CUstream` address, a mock stream index).
 pub type RawStream = u64;
@@ -43,6 +45,11 @@ pub trait Backend: std::any::Any + Send + Sync {
     /// A name for a raw stream in messages.
     fn describe_stream(&self, stream: RawStream) -> String {
         format!("{}:{stream:#x}", self.device())
+    }
+    /// Whether `stream` names a different stream on each thread (CUDA's per-thread
+    /// default stream): a [`Stream`] of it then belongs to the thread that made it.
+    fn is_thread_relative(&self, _stream: RawStream) -> bool {
+        false
     }
 }
 
@@ -89,7 +96,13 @@ impl EventPool {
 
 /// A cheap, clonable handle to a stream of some backend. Two handles to the same
 /// stream compare equal. handoff never destroys a stream: it borrows streams owned
-/// by PyTorch, XLA, cudarc or the mock device.
+/// by PyTorch, XLA, cudarc or the mock device, and keeps the owner alive when it is
+/// given one ([`Stream::with_owner`]).
+///
+/// A handle that names a different stream on each thread (CUDA's per-thread default
+/// stream, DLPack's stream value 2) is the stream of the thread that made the
+/// `Stream`: such streams of two threads are different streams, and using one on
+/// another thread is refused ([`Error::WrongThread`]).
 ///
 /// ```
 /// use handoff_runtime::{Device, Stream};
@@ -101,19 +114,32 @@ impl EventPool {
 pub struct Stream {
     backend: Arc<dyn Backend>,
     raw: RawStream,
+    /// The thread a thread-relative handle belongs to.
+    thread: Option<ThreadId>,
+    /// What keeps the raw stream alive, when it was given.
+    owner: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl Stream {
-    /// A stream of `backend` named by its raw handle.
+    /// A stream of `backend` named by its raw handle (of the calling thread, for a
+    /// thread-relative handle).
     pub fn new(backend: Arc<dyn Backend>, raw: RawStream) -> Stream {
-        Stream { backend, raw }
+        let thread = backend.is_thread_relative(raw).then(|| std::thread::current().id());
+        Stream { backend, raw, thread, owner: None }
+    }
+
+    /// The same stream, keeping `owner` (what owns the raw stream: a cudarc
+    /// `CudaStream`, an XLA client) alive for as long as any clone of it lives.
+    pub fn with_owner(mut self, owner: Arc<dyn Any + Send + Sync>) -> Stream {
+        self.owner = Some(owner);
+        self
     }
 
     /// The host "stream": work on it is done when the call that does it returns.
     pub fn host() -> Stream {
         static HOST: OnceLock<Arc<dyn Backend>> = OnceLock::new();
         let backend = HOST.get_or_init(|| Arc::new(HostBackend { pool: EventPool::new() }));
-        Stream { backend: backend.clone(), raw: 0 }
+        Stream { backend: backend.clone(), raw: 0, thread: None, owner: None }
     }
 
     /// Whether this is the host stream.
@@ -131,6 +157,29 @@ impl Stream {
         self.raw
     }
 
+    /// For a thread-relative handle (CUDA's per-thread default stream), the thread
+    /// whose stream it is; `None` for every other stream.
+    pub fn thread(&self) -> Option<ThreadId> {
+        self.thread
+    }
+
+    /// Whether the raw handle names this stream on the calling thread (always, but
+    /// for another thread's per-thread default stream).
+    pub fn is_usable_here(&self) -> bool {
+        self.thread.is_none_or(|t| t == std::thread::current().id())
+    }
+
+    fn check_thread(&self) -> Result<()> {
+        match self.thread {
+            Some(owner) if owner != std::thread::current().id() => Err(Error::WrongThread {
+                stream: format!("{self:?}"),
+                owner: format!("{owner:?}"),
+                here: format!("{:?}", std::thread::current().id()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// The backend behind this stream.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
@@ -138,6 +187,7 @@ impl Stream {
 
     /// Records a pooled event on this stream (counted).
     pub fn record(&self) -> Result<Event> {
+        self.check_thread()?;
         let raw = self.backend.event_pool().take(&*self.backend)?;
         let event = Event { backend: self.backend.clone(), raw };
         self.backend.record(raw, self.raw)?;
@@ -151,6 +201,7 @@ impl Stream {
         if !same_backend(&self.backend, &event.backend) {
             return Err(incompatible(&event.backend, &self.backend));
         }
+        self.check_thread()?;
         self.backend.wait(self.raw, event.raw)?;
         stats::count(Counter::WaitsEnqueued, 1);
         Ok(())
@@ -165,8 +216,8 @@ impl Stream {
         self.record()?.synchronize()
     }
 
-    fn key(&self) -> (*const (), RawStream) {
-        (Arc::as_ptr(&self.backend) as *const (), self.raw)
+    fn key(&self) -> (*const (), RawStream, Option<ThreadId>) {
+        (Arc::as_ptr(&self.backend) as *const (), self.raw, self.thread)
     }
 }
 
@@ -200,7 +251,10 @@ impl Hash for Stream {
 }
 impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Stream({})", self.backend.describe_stream(self.raw))
+        match self.thread {
+            Some(t) => write!(f, "Stream({} of {t:?})", self.backend.describe_stream(self.raw)),
+            None => write!(f, "Stream({})", self.backend.describe_stream(self.raw)),
+        }
     }
 }
 
@@ -277,5 +331,85 @@ impl Backend for HostBackend {
     }
     fn describe_stream(&self, _: RawStream) -> String {
         "host".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ordered::{Ready, order};
+
+    /// A backend whose handle 2 means "the calling thread's stream", as CUDA's
+    /// per-thread default stream does.
+    struct PerThread {
+        pool: EventPool,
+    }
+
+    impl Backend for PerThread {
+        fn name(&self) -> &'static str {
+            "per-thread"
+        }
+        fn device(&self) -> Device {
+            Device::Mock(7)
+        }
+        fn event_pool(&self) -> &EventPool {
+            &self.pool
+        }
+        fn create_event(&self) -> Result<RawEvent> {
+            Ok(1)
+        }
+        fn destroy_event(&self, _: RawEvent) {}
+        fn record(&self, _: RawEvent, _: RawStream) -> Result<()> {
+            Ok(())
+        }
+        fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
+            Ok(())
+        }
+        fn query(&self, _: RawEvent) -> Result<bool> {
+            Ok(true)
+        }
+        fn synchronize(&self, _: RawEvent) -> Result<()> {
+            Ok(())
+        }
+        fn is_thread_relative(&self, stream: RawStream) -> bool {
+            stream == 2
+        }
+    }
+
+    #[test]
+    fn a_thread_relative_handle_is_the_stream_of_the_thread_that_made_it() {
+        let backend: Arc<dyn Backend> = Arc::new(PerThread { pool: EventPool::new() });
+        let here = Stream::new(backend.clone(), 2);
+        let b = backend.clone();
+        let there = std::thread::spawn(move || Stream::new(b, 2)).join().unwrap();
+        // Before: equal and hashed alike, so a hand-off between the two threads'
+        // streams elided its wait. Now two streams.
+        assert_ne!(here, there);
+        assert_eq!(here, Stream::new(backend.clone(), 2));
+        assert!(here.is_usable_here() && !there.is_usable_here());
+        assert!(format!("{there:?}").contains("ThreadId"), "{there:?}");
+        match order(Some(&there), &here) {
+            Err(Error::WrongThread { stream, .. }) => assert!(stream.contains("mock:7"), "{stream}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(here.wait(&here.record().unwrap()), Ok(())));
+        assert!(matches!(there.record(), Err(Error::WrongThread { .. })));
+        // Other handles of the backend are one stream on every thread.
+        let b = backend.clone();
+        let plain_there = std::thread::spawn(move || Stream::new(b, 5)).join().unwrap();
+        assert_eq!(plain_there, Stream::new(backend.clone(), 5));
+        assert_eq!(order(Some(&plain_there), &here).unwrap(), Ready::Waited);
+    }
+
+    #[test]
+    fn an_owner_is_kept_alive_by_every_clone() {
+        let owner = Arc::new(5u32);
+        let s = Stream::host().with_owner(owner.clone());
+        let c = s.clone();
+        drop(s);
+        assert_eq!(Arc::strong_count(&owner), 2);
+        assert_eq!(c, Stream::host(), "the owner is not part of the stream's identity");
+        drop(c);
+        assert_eq!(Arc::strong_count(&owner), 1);
     }
 }

@@ -270,3 +270,23 @@ fn the_checker_catches_an_early_release() {
         .expect("early release under the consumer's kernel not reported");
     assert!(h.second.name.starts_with("release of `x`"), "{h}");
 }
+
+/// A tensor allocated on `a` and moved to `b` (`set_stream`) is still freed in order
+/// on `a`, where its allocator enqueues the free. Exported to `b`, its memory must
+/// not go back when the consumer on `b` lets go while its read is still queued.
+#[test]
+fn memory_goes_back_on_the_allocation_stream_after_set_stream() {
+    let mock = Mock::new();
+    let (a, b) = (mock.stream(0, "a"), mock.stream(0, "b"));
+    let mut x = mock.tensor_f32(&a, "x", &[4], &[1.0; 4]);
+    mock.synchronize();
+    x.set_stream(b.clone());
+    let h = x.export(&b).unwrap();
+    let y: MockTensor = h.import().unwrap();
+    let id = y.buffer();
+    mock.launch(&b, Kernel::new("read on b").micros(100).reads(id));
+    drop(y);
+    reaper::flush();
+    mock.synchronize();
+    assert!(mock.hazards().is_empty(), "{:#?}", mock.hazards());
+}

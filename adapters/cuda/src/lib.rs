@@ -105,13 +105,15 @@ pub fn context(ordinal: u32) -> Result<Arc<CudaContext>> {
     Ok(cell.get_or_init(|| ctx).clone())
 }
 
-/// The handoff [`Stream`] of a cudarc stream (borrowed: handoff never destroys it).
+/// The handoff [`Stream`] of a cudarc stream. The `Stream` (and every clone) keeps
+/// the `CudaStream` alive, so a release recorded on it later never meets a
+/// destroyed stream.
 ///
 /// # Errors
 /// [`Error::Adapter`] when the stream belongs to a non-primary context (handoff
 /// orders work on primary contexts, which PyTorch and XLA share);
 /// [`Error::CudaUnavailable`] as [`cuda::stream`].
-pub fn stream_of(stream: &CudaStream) -> Result<Stream> {
+pub fn stream_of(stream: &Arc<CudaStream>) -> Result<Stream> {
     let ctx = stream.context();
     if !ctx.is_primary() {
         return refuse(format!(
@@ -123,7 +125,10 @@ pub fn stream_of(stream: &CudaStream) -> Result<Stream> {
     }
     let ordinal = u32::try_from(ctx.ordinal())
         .or_else(|_| refuse(format!("device ordinal {} does not fit in u32", ctx.ordinal())))?;
-    cuda::stream(ordinal, stream.cu_stream() as usize as u64)
+    // SAFETY: a stream of the primary context of `ordinal`, kept alive by the owner
+    // attached to the result.
+    let borrowed = unsafe { cuda::stream(ordinal, stream.cu_stream() as usize as u64) }?;
+    Ok(borrowed.with_owner(stream.clone()))
 }
 
 enum Storage<T> {
@@ -153,6 +158,9 @@ pub struct CudaTensor<T> {
     ptr: sys::CUdeviceptr,
     ordinal: u32,
     stream: Stream,
+    /// Where the memory goes back: the slice's own stream (cudarc frees there), or
+    /// for an import the consumer stream its hand-off releases after.
+    release: Stream,
     shape: Vec<i64>,
     strides: Vec<i64>,
     read_only: bool,
@@ -199,6 +207,7 @@ impl<T: DlpackElement> CudaTensor<T> {
             storage: Storage::Owned(slice),
             ptr,
             ordinal,
+            release: stream.clone(),
             stream,
             shape: shape.to_vec(),
             strides: strides.to_vec(),
@@ -254,7 +263,9 @@ impl<T> CudaTensor<T> {
 
     /// Moves the tensor to `stream` (same device): later hand-offs order after work
     /// on it. The caller orders the switch (for instance with
-    /// [`handoff_runtime::order`]).
+    /// [`handoff_runtime::order`]). Its memory still goes back on the stream it was
+    /// allocated on (cudarc frees there), so hand-offs to `stream` release after
+    /// their consumer's work, not at once.
     ///
     /// # Errors
     /// [`Error::CrossDevice`] when `stream` is of another device.
@@ -315,6 +326,9 @@ impl<T> StreamOrdered for CudaTensor<T> {
     }
     fn stream(&self) -> Option<Stream> {
         Some(self.stream.clone())
+    }
+    fn release_stream(&self) -> Option<Stream> {
+        Some(self.release.clone())
     }
 }
 
@@ -384,6 +398,7 @@ impl<T: DlpackElement> Import for CudaTensor<T> {
             storage: Storage::Imported(view),
             ptr,
             ordinal,
+            release: consumer.clone(),
             stream: consumer,
             shape,
             strides,

@@ -322,7 +322,8 @@ fn works_whatever_context_is_current_on_the_calling_thread() {
     // A thread with no current context.
     let before = std::thread::spawn(move || {
         let before = cudarc::driver::result::ctx::get_current().unwrap();
-        let (ps, cs) = (cuda::stream(0, pr).unwrap(), cuda::stream(0, cr).unwrap());
+        // SAFETY (test): `p` and `c` outlive this thread, which is joined below.
+        let (ps, cs) = unsafe { (cuda::stream(0, pr).unwrap(), cuda::stream(0, cr).unwrap()) };
         handoff_runtime::order(Some(&ps), &cs).unwrap();
         before.is_none()
     })
@@ -332,7 +333,8 @@ fn works_whatever_context_is_current_on_the_calling_thread() {
     // A thread where a non-primary context is current: it stays current afterwards.
     let other = cudarc::driver::CudaContext::new_non_primary(0, 0).unwrap();
     other.bind_to_thread().unwrap();
-    let (ps, cs) = (cuda::stream(0, pr).unwrap(), cuda::stream(0, cr).unwrap());
+    // SAFETY (test): `p` and `c` outlive `ps` and `cs`.
+    let (ps, cs) = unsafe { (cuda::stream(0, pr).unwrap(), cuda::stream(0, cr).unwrap()) };
     assert_eq!(handoff_runtime::order(Some(&ps), &cs).unwrap(), Ready::Waited);
     let now = cudarc::driver::result::ctx::get_current().unwrap();
     assert_eq!(now, Some(other.cu_ctx()), "the caller's current context was not restored");
@@ -345,7 +347,7 @@ fn works_whatever_context_is_current_on_the_calling_thread() {
     let legacy: Stream = stream_of(&g.ctx.default_stream()).unwrap();
     assert_eq!(cuda::dlpack_stream_value(&legacy), Some(1));
     let ptds = stream_of(&g.ctx.per_thread_stream()).unwrap();
-    assert_eq!(ptds, cuda::from_dlpack_stream(0, 2).unwrap());
+    assert_eq!(ptds, cuda::per_thread_stream(0).unwrap());
     p.synchronize().unwrap();
     c.synchronize().unwrap();
 }

@@ -95,9 +95,15 @@ pub fn use_raw_stream(ordinal: u32, raw: u64) -> Result<StreamGuard> {
 }
 
 /// PyTorch's current stream of CUDA device `ordinal`, as a handoff [`Stream`].
+///
+/// PyTorch's streams outlive the hand-offs made on them: the current stream is the
+/// legacy default stream or one of PyTorch's pool streams (never destroyed), unless
+/// the program made a stream of its own current, which it must then keep alive while
+/// hand-offs made on it are in flight.
 #[cfg(feature = "cuda")]
 pub fn current_stream(ordinal: u32) -> Result<Stream> {
-    handoff_runtime::cuda::stream(ordinal, current_raw_stream(ordinal)?)
+    // SAFETY: a stream of the primary context (PyTorch's), alive as documented above.
+    unsafe { handoff_runtime::cuda::stream(ordinal, current_raw_stream(ordinal)?) }
 }
 
 /// Makes a CUDA `stream` PyTorch's current stream of its device until the guard drops.

@@ -287,14 +287,17 @@ impl Export for TorchTensor {
     fn export(self, consumer: &Stream) -> Result<Handoff> {
         // `new` checked the tensor; `describe` (in `with_keep_alive`) reads it again
         // and refuses it if it changed since (unless it was wrapped for this export).
-        let same = self.stream.as_ref() == Some(consumer);
         let ready = self.ready_on(consumer)?;
-        let release = if same { Release::Immediately } else { release_for(&self, consumer)? };
+        // Even on the tensor's own stream: its block may have been allocated on
+        // another stream, where the caching allocator would reuse it at once.
+        let release = release_for(&self, consumer)?;
         Handoff::with_keep_alive(self, |t| t.describe(), consumer, ready, release)
     }
 }
 
-/// How a tensor exported to a consumer on another stream is released.
+/// How a tensor exported to a consumer is released: at once when the caching
+/// allocator was told of the consumer's stream (`recordStream`, a no-op when the
+/// block was allocated there), else after the consumer's queued work (the reaper).
 fn release_for(tensor: &TorchTensor, consumer: &Stream) -> Result<Release> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(ordinal) = tensor.device

@@ -87,6 +87,7 @@ enum Fw {
 }
 
 /// A produced value, kept by its producer until dropped.
+#[allow(clippy::large_enum_variant)] // test values, a handful alive at once
 enum Produced {
     Torch(Tensor),
     Cuda(CudaTensor<f32>),
@@ -94,6 +95,7 @@ enum Produced {
 }
 
 /// A consumer's view.
+#[allow(clippy::large_enum_variant)] // as above
 enum Consumed {
     Torch(Tensor),
     Cuda(CudaTensor<f32>),

@@ -121,12 +121,14 @@ impl Client {
         let Some(ext) = self.plugin().stream_extension() else { return Ok(Stream::host()) };
         let cache = &self.inner.ready_streams[device.index];
         if let Some(s) = cache.get() {
-            return Ok(s.clone());
+            return Ok(s.clone().with_owner(self.inner.clone()));
         }
         // SAFETY: this plugin's stream extension and a live device.
         let raw = unsafe { self.inner.api().stream_for_external_ready_events(ext, device.raw())? };
         let stream = cuda_stream(device.ordinal(), raw as u64)?;
-        Ok(cache.get_or_init(|| stream).clone())
+        // The cache holds the bare stream (holding the client there would keep it
+        // alive forever); each handle given out keeps the client, which owns it.
+        Ok(cache.get_or_init(|| stream).clone().with_owner(self.inner.clone()))
     }
 
     /// The device a hand-off of `memory` is viewed on: `index` when given, else the
@@ -420,9 +422,12 @@ fn ev_raw(ev: &crate::buffer::Event) -> *mut crate::sys::PJRT_Event {
     ev.raw_handle()
 }
 
+/// A stream PJRT gave for a device (callers attach the client that owns it).
 #[cfg(feature = "cuda")]
 fn cuda_stream(ordinal: u32, raw: u64) -> Result<Stream> {
-    Ok(handoff_runtime::cuda::stream(ordinal, raw)?)
+    // SAFETY: a stream of the device's primary context (XLA's CUDA plugin uses it),
+    // owned by the client, which every handle given out keeps alive.
+    Ok(unsafe { handoff_runtime::cuda::stream(ordinal, raw) }?)
 }
 
 #[cfg(not(feature = "cuda"))]

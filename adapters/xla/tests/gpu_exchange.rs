@@ -88,8 +88,14 @@ fn cfg() -> LaunchConfig {
     LaunchConfig { grid_dim: ((N as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
-fn hstream(s: &CudaStream) -> Stream {
-    handoff_runtime::cuda::stream(0, s.cu_stream() as u64).unwrap()
+fn hstream(s: &Arc<CudaStream>) -> Stream {
+    handoff_cuda_stream(s)
+}
+
+/// The handoff stream of a cudarc stream, keeping it alive.
+fn handoff_cuda_stream(s: &Arc<CudaStream>) -> Stream {
+    // SAFETY (test): a stream of the primary context, kept alive by the owner attached.
+    unsafe { handoff_runtime::cuda::stream(0, s.cu_stream() as u64) }.unwrap().with_owner(s.clone())
 }
 
 /// A CUDA slice written by a kernel still queued for `SPIN_NS`, as a hand-off on `stream`.

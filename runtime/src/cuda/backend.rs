@@ -225,4 +225,8 @@ impl Backend for CudaBackend {
     fn describe_stream(&self, stream: RawStream) -> String {
         describe(self.ordinal, stream)
     }
+
+    fn is_thread_relative(&self, stream: RawStream) -> bool {
+        stream == CU_STREAM_PER_THREAD
+    }
 }

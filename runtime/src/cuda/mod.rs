@@ -2,9 +2,13 @@
 //! events with the driver's thin layer (`cuEventRecord`, `cuStreamWaitEvent`,
 //! `cuEventQuery`), on each device's primary context.
 //!
-//! - **Borrowed streams.** [`stream`] wraps a raw `CUstream` owned by someone else
-//!   (PyTorch, XLA, cudarc, your code). handoff never creates or destroys a stream;
-//!   the owner must keep it alive while handoff values refer to it.
+//! - **Borrowed streams.** [`stream`] (unsafe: the caller vouches for the handle)
+//!   wraps a raw `CUstream` owned by someone else (PyTorch, XLA, cudarc, your code).
+//!   handoff never creates or destroys a stream; the owner must keep it alive while
+//!   handoff values refer to it, or be attached with `Stream::with_owner`.
+//! - **Per-thread default streams** (`0x2`, DLPack's value 2) belong to the thread
+//!   that made the `Stream`: two threads' are different streams, and one used on
+//!   another thread is refused, never silently taken for that thread's stream.
 //! - **One backend per device**, opened on first use and cached: making a
 //!   [`Stream`] costs an `Arc` clone, no allocation and no driver call.
 //! - **Events** come from a per-device [`EventPool`](crate::EventPool), created with
@@ -25,11 +29,12 @@
 //! ```
 //! use handoff_runtime::cuda;
 //! if cuda::is_available() {
-//!     let legacy = cuda::stream(0, 0).unwrap();
+//!     let legacy = cuda::legacy_stream(0).unwrap();
 //!     assert_eq!(cuda::raw_stream(&legacy), Some((0, 0)));
-//!     assert_eq!(cuda::from_dlpack_stream(0, 1).unwrap(), legacy);
+//!     // SAFETY: value 1 names the legacy default stream.
+//!     assert_eq!(unsafe { cuda::from_dlpack_stream(0, 1) }.unwrap(), legacy);
 //! } else {
-//!     assert!(matches!(cuda::stream(0, 0), Err(handoff_runtime::Error::CudaUnavailable { .. })));
+//!     assert!(matches!(cuda::legacy_stream(0), Err(handoff_runtime::Error::CudaUnavailable { .. })));
 //! }
 //! ```
 
@@ -57,18 +62,43 @@ pub fn device_count() -> Result<u32> {
 /// The [`Stream`] for a raw `CUstream` of device `ordinal`, borrowed: handoff never
 /// destroys it. `0` (and `CU_STREAM_LEGACY`, `0x1`) name the legacy default stream,
 /// and give equal streams; `0x2` (`CU_STREAM_PER_THREAD`) names the per-thread default
-/// stream *of the thread that enqueues* (it is a different stream on each thread).
+/// stream *of the calling thread* (a different stream on each thread: the result
+/// belongs to this thread, see [`Stream`]).
 ///
-/// `raw` must be a stream of the primary context of `ordinal` (PyTorch's, XLA's and
-/// cudarc's streams are), alive as long as the returned value and its clones are used.
 /// Cheap: the backend is cached, so this makes no driver call and no allocation.
+/// Attach what owns the stream with [`Stream::with_owner`] to keep it alive.
+///
+/// # Safety
+/// `raw` must be a stream of the primary context of `ordinal` (PyTorch's, XLA's and
+/// cudarc's streams are) that stays alive for as long as the returned value or any
+/// clone of it is used (a hand-off in flight records its release event on it later).
+/// The default streams ([`legacy_stream`], [`per_thread_stream`]) always are.
 ///
 /// # Errors
 /// [`Error::CudaUnavailable`] without a usable driver or when `ordinal` is not a device.
-pub fn stream(ordinal: u32, raw: u64) -> Result<Stream> {
+pub unsafe fn stream(ordinal: u32, raw: u64) -> Result<Stream> {
     let backend = backend::backend(ordinal)?;
     let raw = if raw == CU_STREAM_LEGACY { LEGACY } else { raw };
     Ok(Stream::new(backend.clone(), raw))
+}
+
+/// The legacy default stream of device `ordinal` (it exists as long as the context).
+///
+/// # Errors
+/// As [`stream`].
+pub fn legacy_stream(ordinal: u32) -> Result<Stream> {
+    // SAFETY: the legacy default stream lives as long as the primary context.
+    unsafe { stream(ordinal, LEGACY) }
+}
+
+/// The calling thread's per-thread default stream of device `ordinal`: it belongs to
+/// this thread, and is refused on others.
+///
+/// # Errors
+/// As [`stream`].
+pub fn per_thread_stream(ordinal: u32) -> Result<Stream> {
+    // SAFETY: a per-thread default stream lives as long as the primary context.
+    unsafe { stream(ordinal, CU_STREAM_PER_THREAD) }
 }
 
 /// The [`Stream`] a DLPack Python-protocol `stream` value names on device `ordinal`
@@ -87,14 +117,18 @@ pub fn stream(ordinal: u32, raw: u64) -> Result<Stream> {
 /// - other negative values: refused (not defined by the spec).
 ///
 /// The value is checked before the driver is, so a bad value is reported as such on
-/// every machine.
+/// every machine. `2` gives the calling thread's per-thread default stream.
+///
+/// # Safety
+/// A value `> 2` must be a stream handle as [`stream`] requires.
 ///
 /// # Errors
 /// [`Error::Adapter`] for `0`, `-1` and other negative values (naming the value);
 /// [`Error::CudaUnavailable`] as [`stream`].
-pub fn from_dlpack_stream(ordinal: u32, value: i64) -> Result<Stream> {
+pub unsafe fn from_dlpack_stream(ordinal: u32, value: i64) -> Result<Stream> {
     match DlpackStream::from_value(value)?.raw() {
-        Some(raw) => stream(ordinal, raw),
+        // SAFETY: the default streams always qualify; other handles are the caller's.
+        Some(raw) => unsafe { stream(ordinal, raw) },
         None => Err(Error::Adapter {
             adapter: "cuda",
             message: "DLPack stream value -1 means the producer must not synchronize: there is no stream \
@@ -105,10 +139,13 @@ pub fn from_dlpack_stream(ordinal: u32, value: i64) -> Result<Stream> {
 }
 
 /// The device ordinal and raw `CUstream` of a CUDA stream (`0` for the legacy
-/// default stream, `0x2` for the per-thread one), or `None` for other backends.
+/// default stream, `0x2` for the per-thread one), or `None` for other backends and
+/// for another thread's per-thread default stream (whose handle names a different
+/// stream here).
 pub fn raw_stream(stream: &Stream) -> Option<(u32, u64)> {
     let any: &dyn std::any::Any = &**stream.backend();
-    any.downcast_ref::<CudaBackend>().map(|b| (b.ordinal(), stream.raw()))
+    let backend = any.downcast_ref::<CudaBackend>()?;
+    stream.is_usable_here().then(|| (backend.ordinal(), stream.raw()))
 }
 
 /// The DLPack Python-protocol value that names a CUDA stream (what a consumer passes
@@ -210,6 +247,44 @@ mod tests {
 
     fn unavailable(r: &Result<impl std::fmt::Debug>) -> bool {
         matches!(r, Err(Error::CudaUnavailable { .. }))
+    }
+
+    /// The borrowing constructor, for handles these tests never enqueue on (the
+    /// default streams, and made-up handles on machines without CUDA).
+    fn stream(ordinal: u32, raw: u64) -> Result<Stream> {
+        // SAFETY: see above.
+        unsafe { super::stream(ordinal, raw) }
+    }
+
+    fn from_dlpack_stream(ordinal: u32, value: i64) -> Result<Stream> {
+        // SAFETY: as `stream`.
+        unsafe { super::from_dlpack_stream(ordinal, value) }
+    }
+
+    #[test]
+    fn per_thread_default_streams_of_two_threads_are_different_streams() {
+        if !is_available() {
+            println!("SKIPPED: no CUDA device ({:?})", device_count().err());
+            return;
+        }
+        let here = per_thread_stream(0).unwrap();
+        let there = std::thread::spawn(|| per_thread_stream(0).unwrap()).join().unwrap();
+        assert_ne!(here, there, "the same handle 0x2, two threads: two streams");
+        assert_eq!(here, per_thread_stream(0).unwrap());
+        assert_eq!(raw_stream(&here), Some((0, 2)));
+        assert_eq!(raw_stream(&there), None, "its handle names another stream on this thread");
+        // Ordering another thread's per-thread stream from here is refused (it cannot
+        // be reached from this thread), never elided as if it were this thread's.
+        for r in [crate::order(Some(&there), &here), crate::order(Some(&here), &there)] {
+            assert!(matches!(r, Err(Error::WrongThread { .. })), "{r:?}");
+        }
+        assert!(matches!(there.record(), Err(Error::WrongThread { .. })));
+        // On its own thread it orders as usual.
+        assert_eq!(crate::order(Some(&here), &legacy_stream(0).unwrap()).unwrap(), crate::Ready::Waited);
+        // The legacy default stream is one stream on every thread.
+        let legacy_there = std::thread::spawn(|| legacy_stream(0).unwrap()).join().unwrap();
+        assert_eq!(legacy_there, legacy_stream(0).unwrap());
+        assert!(legacy_there.record().is_ok());
     }
 
     #[test]

@@ -36,6 +36,9 @@ enum Owner {
 pub struct MockTensor {
     buffer: BufferId,
     stream: Stream,
+    /// Where the memory goes back: the allocation stream, or for an import the
+    /// consumer stream its hand-off releases after.
+    release: Stream,
     device: u32,
     dtype: DataType,
     shape: Vec<i64>,
@@ -66,6 +69,7 @@ impl MockTensor {
         MockTensor {
             buffer,
             stream: stream.clone(),
+            release: stream.clone(),
             device,
             dtype: DataType::F32,
             shape: shape.to_vec(),
@@ -89,6 +93,7 @@ impl MockTensor {
     }
 
     /// Orders its work on another stream from now on (the caller orders the switch).
+    /// Its memory still goes back on the stream it was allocated on.
     pub fn set_stream(&mut self, stream: Stream) {
         self.stream = stream;
     }
@@ -115,6 +120,9 @@ impl StreamOrdered for MockTensor {
     }
     fn stream(&self) -> Option<Stream> {
         Some(self.stream.clone())
+    }
+    fn release_stream(&self) -> Option<Stream> {
+        Some(self.release.clone())
     }
 }
 
@@ -146,6 +154,7 @@ impl Import for MockTensor {
         };
         Ok(MockTensor {
             buffer: BufferId(buffer),
+            release: stream.clone(),
             stream,
             device,
             dtype: handoff.dtype(),

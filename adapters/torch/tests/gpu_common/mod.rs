@@ -61,8 +61,10 @@ pub fn cycles_for(ms: f64) -> i64 {
     (per_ms * ms) as i64
 }
 
+/// A PyTorch stream (from its pool: never destroyed) as a handoff stream.
 pub fn cuda_stream(raw: u64) -> Stream {
-    handoff_runtime::cuda::stream(0, raw).unwrap()
+    // SAFETY (test): the tests pass PyTorch's pool streams and the legacy stream.
+    unsafe { handoff_runtime::cuda::stream(0, raw) }.unwrap()
 }
 
 /// A side stream from PyTorch's pool, as a handoff stream and raw handle.
