@@ -217,6 +217,65 @@ pub enum ValidationError {
         elements: usize,
     },
 
+    /// `data` is null but `byte_offset` is not 0: there is no address to offset from.
+    #[error(
+        "data is null but byte_offset is {byte_offset}: a null data pointer takes byte_offset 0; \
+         put the address in data"
+    )]
+    NullDataOffset {
+        /// `byte_offset`.
+        byte_offset: u64,
+    },
+
+    /// The bytes the tensor reaches from `data + byte_offset` fall below address 0
+    /// (negative strides) or past the top of the address space.
+    #[error(
+        "data {data:#x} + byte_offset {byte_offset} with shape {shape:?} and strides {strides:?} of {dtype} \
+         reaches addresses {start}..{end}, outside 0..={max}",
+        max = usize::MAX
+    )]
+    OutsideAddressSpace {
+        /// `data`.
+        data: usize,
+        /// `byte_offset`.
+        byte_offset: u64,
+        /// `shape`.
+        shape: Vec<i64>,
+        /// `strides` (the compact ones when null).
+        strides: Vec<i64>,
+        /// The dtype's name.
+        dtype: String,
+        /// The lowest address reached.
+        start: i128,
+        /// One past the highest address reached.
+        end: i128,
+    },
+
+    /// A mutable import of a tensor whose strides reach one element from two indices.
+    #[error(
+        "shape {shape:?} with strides {strides:?} reaches some element from two indices: a mutable \
+         import is refused (writes would race); import it read-only, or make it contiguous first"
+    )]
+    OverlappingWrite {
+        /// `shape`.
+        shape: Vec<i64>,
+        /// `strides`.
+        strides: Vec<i64>,
+    },
+
+    /// `flags` has `IS_SUBBYTE_TYPE_PADDED` for a sub-byte dtype: handoff exchanges
+    /// sub-byte types packed only.
+    #[error(
+        "flags has IS_SUBBYTE_TYPE_PADDED for {dtype} ({bits} bits): handoff exchanges sub-byte \
+         dtypes packed only; pack the elements (two fp4 per byte) or export them as u8"
+    )]
+    SubbytePadded {
+        /// The dtype's name.
+        dtype: String,
+        /// `dtype.bits`.
+        bits: u8,
+    },
+
     /// A mutable import of a tensor whose `flags` has `READ_ONLY`.
     #[error("flags has READ_ONLY: a mutable import is refused; import it read-only")]
     ReadOnly,

@@ -182,6 +182,19 @@ pub enum StorageError {
         /// The hand-off's strides.
         strides: Vec<i64>,
     },
+    /// The device a field names is not the one the storage's memory is on.
+    #[error(
+        "{field} is {device}, but the storage's memory is on {storage}; \
+         set {field} to {storage}, or put the data in {device} storage"
+    )]
+    DeviceMismatch {
+        /// The field (`device`).
+        field: &'static str,
+        /// The device the field names.
+        device: Device,
+        /// The device the storage's memory is on ([`Storage::device`]).
+        storage: Device,
+    },
     /// Negative strides reach before the first element, which storage cannot adopt.
     #[error(
         "strides {strides:?} reach before the first element; `{ty}` adopts tensors with non-negative strides only"

@@ -223,3 +223,143 @@ fn zero_dim_and_every_dtype_are_accepted() {
         assert_eq!(count.get(), 1);
     }
 }
+
+#[test]
+fn null_data_with_a_byte_offset_is_refused() {
+    // Nothing to point at, but an offset from nothing: neither aligned nor meaningful.
+    let mut f = Foreign::f32(&[0]);
+    f.data = Some(0);
+    f.byte_offset = 2;
+    assert_eq!(refused(f), ValidationError::NullDataOffset { byte_offset: 2 });
+    let mut f = Foreign::f32(&[0, 4]);
+    f.data = Some(0);
+    f.byte_offset = 16;
+    assert_eq!(refused(f), ValidationError::NullDataOffset { byte_offset: 16 });
+}
+
+#[test]
+fn write_access_to_self_overlapping_strides_is_refused_and_reading_them_is_fine() {
+    for (shape, strides) in [
+        (vec![4i64], vec![0i64]),    // broadcast: every index is element 0
+        (vec![2, 2], vec![1, 1]),    // (0, 1) and (1, 0) are the same element
+        (vec![3, 2], vec![1, 2]),    // (2, 0) and (0, 1)
+        (vec![2, 1, 3], vec![2, 7, 1]), // rows of 3 two apart
+    ] {
+        let mut f = Foreign::f32(&[4]);
+        f.shape = shape.clone();
+        f.strides = Some(strides.clone());
+        assert_eq!(
+            refused_with(f, Access::Write),
+            ValidationError::OverlappingWrite { shape: shape.clone(), strides: strides.clone() }
+        );
+        let mut f = Foreign::f32(&[4]);
+        f.shape = shape.clone();
+        f.strides = Some(strides.clone());
+        let (r, count) = import(f, Access::Read);
+        drop(r.unwrap_or_else(|e| panic!("{shape:?} {strides:?} read: {e}")));
+        assert_eq!(count.get(), 1);
+    }
+    // Not overlapping: transposed, strided, size-1 and zero-stride-on-size-1 dims, empty.
+    for (shape, strides) in [
+        (vec![2i64, 2], vec![1i64, 2]),
+        (vec![2, 3], vec![2, 3]),
+        (vec![2], vec![3]),
+        (vec![2, 1, 2], vec![2, 0, 1]),
+        (vec![0, 4], vec![0, 0]),
+        (vec![2, 2], vec![-2, 1]),
+    ] {
+        let mut f = Foreign::f32(&[3, 3]);
+        f.byte_offset = 8;
+        f.shape = shape.clone();
+        f.strides = Some(strides.clone());
+        let (r, _count) = import(f, Access::Write);
+        drop(r.unwrap_or_else(|e| panic!("{shape:?} {strides:?} write: {e}")));
+    }
+}
+
+#[test]
+fn extents_below_address_zero_or_past_the_top_are_refused() {
+    // Negative strides walking from a low address down past 0.
+    let mut f = Foreign::f32(&[4]);
+    f.data = Some(0x100);
+    f.strides = Some(vec![-0x100]);
+    let e = refused(f);
+    assert!(
+        matches!(e, ValidationError::OutsideAddressSpace { data: 0x100, byte_offset: 0, ref shape, ref strides, start, .. }
+            if shape == &[4] && strides == &[-0x100] && start < 0),
+        "{e:?}"
+    );
+    // Positive strides wrapping past usize::MAX.
+    let mut f = Foreign::f32(&[8]);
+    f.data = Some(usize::MAX - 15);
+    let e = refused(f);
+    assert!(
+        matches!(e, ValidationError::OutsideAddressSpace { data, end, .. }
+            if data == usize::MAX - 15 && end > usize::MAX as i128 + 1),
+        "{e:?}"
+    );
+    // The byte offset counts: the first element is in range, the last is not.
+    let mut f = Foreign::f32(&[2]);
+    f.data = Some(usize::MAX - 63);
+    f.byte_offset = 60;
+    assert!(matches!(refused(f), ValidationError::OutsideAddressSpace { byte_offset: 60, .. }));
+    // One past the last byte must be an address too (Rust's rule for allocations):
+    // ending on the address space's last byte is refused, ending before it is fine
+    // (nothing is read here).
+    let mut f = Foreign::f32(&[4]);
+    f.data = Some(usize::MAX - 15);
+    assert!(matches!(refused(f), ValidationError::OutsideAddressSpace { end, .. } if end == usize::MAX as i128 + 1));
+    let mut f = Foreign::f32(&[4]);
+    f.data = Some(usize::MAX - 31);
+    let (r, count) = import(f, Access::Read);
+    drop(r.unwrap());
+    assert_eq!(count.get(), 1);
+}
+
+#[test]
+fn padded_sub_byte_dtypes_are_refused_and_the_flag_is_a_no_op_on_whole_bytes() {
+    use handoff::dtype::DataType;
+    for dtype in [DataType::F4E2M1FN, DataType::F6E2M3FN, DataType::F6E3M2FN] {
+        let mut f = Foreign::f32(&[8]);
+        f.dtype = dtype;
+        f.strides = Some(vec![1]);
+        f.flags = 4; // IS_SUBBYTE_TYPE_PADDED
+        assert_eq!(
+            refused(f),
+            ValidationError::SubbytePadded { dtype: handoff::dtype::name(dtype), bits: dtype.bits }
+        );
+    }
+    // Packed fp4: 8 elements in 4 bytes.
+    let mut f = Foreign::f32(&[8]);
+    f.dtype = DataType::F4E2M1FN;
+    let (r, _count) = import(f, Access::Read);
+    assert_eq!(r.unwrap().num_bytes(), 4);
+    // Whole-byte dtypes are laid out the same padded or not.
+    let mut f = Foreign::f32(&[8]);
+    f.flags = 4;
+    let (r, _count) = import(f, Access::Read);
+    assert_eq!(r.unwrap().num_bytes(), 32);
+}
+
+#[test]
+fn size_one_dims_strides_do_not_make_a_tensor_non_compact() {
+    for (shape, strides, compact) in [
+        (vec![8i64, 1], vec![1i64, 8], true), // torch.ones(1, 8).t()
+        (vec![1, 8], vec![1, 1], true),
+        (vec![1, 8], vec![99, 1], true),
+        (vec![2, 1, 3], vec![3, 42, 1], true),
+        (vec![1], vec![0], true),
+        (vec![0, 3], vec![7, 5], true), // no elements: any strides
+        (vec![2, 3], vec![3, 1], true),
+        (vec![2, 3], vec![1, 2], false),
+        (vec![2, 1, 3], vec![1, 1, 2], false),
+        (vec![3], vec![2], false),
+    ] {
+        let mut f = Foreign::f32(&[8]);
+        f.shape = shape.clone();
+        f.strides = Some(strides.clone());
+        let (r, _count) = import(f, Access::Read);
+        let h = r.unwrap_or_else(|e| panic!("{shape:?} {strides:?}: {e}"));
+        assert_eq!(h.is_contiguous(), compact, "shape {shape:?} strides {strides:?}");
+    }
+}
