@@ -9,7 +9,7 @@
 //!   is stream-ordered through the [`reaper`].
 //! - [`transfer`], [`transfer_into`]: the generic entry points, over [`Exportable`],
 //!   [`Importable`] and [`ImportInto`] (imports that need a context, such as an XLA client).
-//! - [`stats`]: counters of every record, wait, elision, copy and host sync.
+//! - [`stats()`] and [`mod@stats`]: counters of every record, wait, elision, copy and host sync.
 //! - [`mock`]: a simulated device with a hazard checker, for tests without a GPU.
 //!
 //! ```

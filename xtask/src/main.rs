@@ -45,9 +45,17 @@ fn root() -> PathBuf {
 
 /// Runs `cargo` with the set-up environment, failing on a non-zero exit.
 pub fn cargo(root: &Path, env: &deps::Env, args: &[&str]) -> Result<(), String> {
+    cargo_with(root, env, &[], args)
+}
+
+/// [`cargo`] with extra environment variables.
+fn cargo_with(root: &Path, env: &deps::Env, extra: &[(&str, &str)], args: &[&str]) -> Result<(), String> {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root).args(args);
     for (k, v) in env.vars() {
+        cmd.env(k, v);
+    }
+    for (k, v) in extra {
         cmd.env(k, v);
     }
     println!("xtask: cargo {}", args.join(" "));
@@ -64,6 +72,13 @@ fn test(root: &Path, extra: &[String]) -> Result<(), String> {
             root,
             &env,
             &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
+        )?;
+        // The API docs, with every warning (a broken link) an error.
+        cargo_with(
+            root,
+            &env,
+            &[("RUSTDOCFLAGS", "-D warnings")],
+            &["doc", "--workspace", "--no-deps", "--all-features"],
         )?;
     }
     cargo(root, &env, &["test", "--workspace", "--all-features", "--no-fail-fast"])?;

@@ -11,7 +11,7 @@
 //!   after the consumer's queued work is done. No CUDA call on the same stream; one
 //!   `cuEventRecord` + one `cuStreamWaitEvent` across streams.
 //! - **Import** views the foreign memory through dlpark's
-//!   [`ManagedCudaSlice`](dlpark::interop::cudarc::ManagedCudaSlice), which never
+//!   [`dlpark::interop::cudarc::ManagedCudaSlice`], which never
 //!   frees it: the hand-off (and so the foreign owner) is kept until the view is
 //!   dropped, and then released in stream order by the runtime's reaper.
 //! - **No hidden syncs.** cudarc's per-slice event tracking records and waits events

@@ -203,6 +203,9 @@ pub struct TorchTensor {
     /// The description read when wrapping, for an export that follows at once (so
     /// the tensor is described once per export); taken by the first `describe`.
     described: std::cell::Cell<Option<Described>>,
+    /// Consumers must not write: it came from a `READ_ONLY` hand-off, and its
+    /// exports say so too.
+    read_only: bool,
 }
 
 impl TorchTensor {
@@ -221,7 +224,7 @@ impl TorchTensor {
         let described = describe_tensor(&tensor)?;
         let device = described.device;
         let stream = current_stream(device)?;
-        Ok(TorchTensor { tensor, device, stream, described: Some(described).into() })
+        Ok(TorchTensor { tensor, device, stream, described: Some(described).into(), read_only: false })
     }
 
     /// Wraps `tensor`, whose pending work is on `stream` (a stream of its device).
@@ -232,7 +235,34 @@ impl TorchTensor {
             return Err(TorchError::StreamDevice { stream: format!("{stream:?}"), device }.into());
         }
         let stream = if stream.is_host() { None } else { Some(stream) };
-        Ok(TorchTensor { tensor, device, stream, described: Default::default() })
+        Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only: false })
+    }
+
+    /// Views a hand-off with options, keeping its `READ_ONLY` flag (with
+    /// [`ImportOptions::read_only_ok`]): a read-only tensor exports as read-only again.
+    /// A plain `tch::Tensor` ([`import_with`]) cannot carry the flag.
+    ///
+    /// ```
+    /// use handoff_runtime::{Device, Export, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType};
+    /// use handoff_torch::{ImportOptions, TorchTensor};
+    /// let data = vec![1.0f32, 2.0];
+    /// let h = Handoff::with_keep_alive(data, |d| {
+    ///     Ok(TensorDesc::new(d.as_ptr() as *mut _, Device::Host, DataType::F32, &[2][..]).read_only())
+    /// }, &Stream::host(), Ready::Elided, Release::AfterConsumer).unwrap();
+    /// let t = TorchTensor::import_with(h, &ImportOptions::new().read_only_ok()).unwrap();
+    /// assert!(t.is_read_only());
+    /// assert!(t.export(&Stream::host()).unwrap().is_read_only());
+    /// ```
+    pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<TorchTensor> {
+        stats::count(Counter::Imports, 1);
+        let (device, read_only) = (handoff.device(), handoff.is_read_only());
+        let (tensor, stream) = view(handoff, options)?;
+        Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only })
+    }
+
+    /// Whether consumers must not write (it came from a `READ_ONLY` hand-off).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// The tensor.
@@ -278,7 +308,9 @@ impl Export for TorchTensor {
             Some(d) => d,
             None => describe_tensor(&self.tensor)?,
         };
-        Ok(TensorDesc::new(d.data, d.device, d.dtype, d.shape).with_strides(d.strides))
+        let mut desc = TensorDesc::new(d.data, d.device, d.dtype, d.shape).with_strides(d.strides);
+        desc.read_only = self.read_only;
+        Ok(desc)
     }
 
     /// Makes the tensor ready on `consumer`; when that is another CUDA stream, tells the
@@ -386,7 +418,9 @@ pub fn import(handoff: Handoff) -> Result<tch::Tensor> {
     import_with(handoff, &ImportOptions::new())
 }
 
-/// [`import`] with options (the stream, read-only hand-offs).
+/// [`import`] with options (the stream, read-only hand-offs). A plain tensor cannot
+/// carry `READ_ONLY`: exported again it is writable; use [`TorchTensor::import_with`]
+/// to keep the flag.
 pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<tch::Tensor> {
     stats::count(Counter::Imports, 1);
     let (tensor, _) = view(handoff, options)?;
@@ -397,7 +431,7 @@ impl Import for TorchTensor {
     fn from_handoff(handoff: Handoff) -> Result<TorchTensor> {
         let device = handoff.device();
         let (tensor, stream) = view(handoff, &ImportOptions::new())?;
-        Ok(TorchTensor { tensor, device, stream, described: Default::default() })
+        Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only: false })
     }
 }
 

@@ -143,6 +143,24 @@ fn read_only_handoffs_need_consent() {
     assert_eq!(dropped.get(), 1);
 }
 
+/// A read-only hand-off imported with consent and exported again stays read-only
+/// (it used to come out writable).
+#[test]
+fn read_only_is_carried_through_a_torch_tensor() {
+    let dropped = Count::default();
+    let mut t = host_tensor(DataType::I16, &dropped);
+    t.read_only = true;
+    let options = ImportOptions::new().read_only_ok();
+    let y = handoff_torch::TorchTensor::import_with(t.export(&Stream::host()).unwrap(), &options).unwrap();
+    assert!(y.is_read_only());
+    let again = y.export(&Stream::host()).unwrap();
+    assert!(again.is_read_only(), "the flag is kept on the way out");
+    // A consumer that did not consent is refused again.
+    let text = message(import(again).expect_err("refused"));
+    assert_eq!(text, TorchError::ReadOnly.to_string());
+    assert_eq!(dropped.get(), 1);
+}
+
 #[test]
 fn mock_memory_cannot_become_a_torch_tensor() {
     let mock = Mock::new();
