@@ -28,7 +28,7 @@ pub mod adapters {
 /// `Arc<[T]>`, [`storage::Buffer<T>`], which also adopts), `#[dlpack(shape)]`, and
 /// optionally `#[dlpack(strides)]` (absent or `None` = compact), `#[dlpack(byte_offset)]`,
 /// `#[dlpack(dtype)]` (a `DataType`; or `#[dlpack(dtype = f32)]` on the struct; or
-/// from the storage's element type), `#[dlpack(device)]` (else the storage's),
+/// from the storage's element type), `#[dlpack(device)]` (must be the storage's device; absent = the storage's),
 /// `#[dlpack(stream)]` (a `Stream` or `Option<Stream>`; absent = host-ordered).
 /// `#[dlpack(crate = "path")]` names handoff when it is not `::handoff`.
 ///

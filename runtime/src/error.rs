@@ -230,8 +230,8 @@ pub enum ValidationError {
     /// The bytes the tensor reaches from `data + byte_offset` fall below address 0
     /// (negative strides) or past the top of the address space.
     #[error(
-        "data {data:#x} + byte_offset {byte_offset} with shape {shape:?} and strides {strides:?} of {dtype} \
-         reaches addresses {start}..{end}, outside 0..={max}",
+        "data {data:#x} + byte_offset {byte_offset} with shape {shape:?} and strides {strides:?} reaches \
+         bytes {first_byte}..{end_byte} from there, which leaves the address space 0..={max:#x}",
         max = usize::MAX
     )]
     OutsideAddressSpace {
@@ -243,12 +243,10 @@ pub enum ValidationError {
         shape: Vec<i64>,
         /// `strides` (the compact ones when null).
         strides: Vec<i64>,
-        /// The dtype's name.
-        dtype: String,
-        /// The lowest address reached.
-        start: i128,
-        /// One past the highest address reached.
-        end: i128,
+        /// The lowest byte reached, relative to `data + byte_offset` (0 or negative).
+        first_byte: i64,
+        /// One past the highest byte reached, relative to `data + byte_offset`.
+        end_byte: u64,
     },
 
     /// A mutable import of a tensor whose strides reach one element from two indices.
@@ -267,7 +265,7 @@ pub enum ValidationError {
     /// sub-byte types packed only.
     #[error(
         "flags has IS_SUBBYTE_TYPE_PADDED for {dtype} ({bits} bits): handoff exchanges sub-byte \
-         dtypes packed only; pack the elements (two fp4 per byte) or export them as u8"
+         dtypes packed only; pack the elements (no padding bits between them), or exchange them as u8"
     )]
     SubbytePadded {
         /// The dtype's name.

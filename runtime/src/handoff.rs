@@ -161,8 +161,12 @@ impl Handoff {
         let (prepared, data, device, dtype, byte_offset, flags) = {
             let desc = describe(&keep_alive)?;
             let prepared = match &desc.strides {
-                Some(strides) => Dynamic::new(&desc.shape[..], &strides[..]).prepare(),
-                None => Dynamic::compact(&desc.shape[..]).prepare(),
+                // Compact memory carries canonical strides (size-1 dimensions' strides
+                // rewritten), so that consumers comparing strides exactly accept it.
+                Some(strides) if !validate::is_compact(&desc.shape, strides) => {
+                    Dynamic::new(&desc.shape[..], &strides[..]).prepare()
+                }
+                _ => Dynamic::compact(&desc.shape[..]).prepare(),
             }
             .map_err(|e| metadata_error(e, &desc))?;
             let mut flags = DlpackFlags::empty();
@@ -196,6 +200,7 @@ impl Handoff {
     ) -> Result<Handoff> {
         // SAFETY: the managed tensor is owned and its metadata lives as long as it.
         let tensor = unsafe { managed.tensor() };
+        // SAFETY: `tensor` is the owned tensor's metadata, readable as above.
         let checked = unsafe { validate::check(tensor, Some(managed.version()), managed.flags(), access) }?;
         stats::count(counter, 1);
         Ok(Handoff { managed, device: checked.device, consumer, ready })
@@ -222,8 +227,8 @@ impl Handoff {
             }
             _ => ValidationError::NullPointer,
         })?;
-        // SAFETY: owned, version checked; check() bounds every read.
         let flags = foreign.flags();
+        // SAFETY: owned, version checked; check() bounds every read.
         unsafe { validate::check(foreign.tensor(), Some(foreign.version()), flags, access) }?;
         Self::adopt(foreign, flags, consumer, access)
     }
@@ -239,6 +244,7 @@ impl Handoff {
     ) -> Result<Handoff> {
         // SAFETY: forwarded from the caller.
         let foreign = unsafe { Managed::from_raw(ptr) }.map_err(|_| ValidationError::NullPointer)?;
+        // SAFETY: owned (legacy ABI: no version); check() bounds every read.
         unsafe { validate::check(foreign.tensor(), None, DlpackFlags::empty(), access) }?;
         Self::adopt(foreign, DlpackFlags::empty(), consumer, access)
     }
@@ -252,9 +258,12 @@ impl Handoff {
     ) -> Result<Handoff> {
         // SAFETY: validated above; metadata is immutable while owned.
         let t: DLTensor = *unsafe { foreign.tensor() };
-        // SAFETY: validated: `ndim` readable shape values when ndim > 0.
-        let shape: &[i64] =
-            if t.ndim == 0 { &[] } else { unsafe { std::slice::from_raw_parts(t.shape, t.ndim as usize) } };
+        let shape: &[i64] = if t.ndim == 0 {
+            &[]
+        } else {
+            // SAFETY: validated: `ndim` readable shape values when ndim > 0.
+            unsafe { std::slice::from_raw_parts(t.shape, t.ndim as usize) }
+        };
         let strides: Cow<'_, [i64]> = if t.ndim == 0 {
             Cow::Borrowed(&[])
         } else if t.strides.is_null() {
@@ -266,9 +275,13 @@ impl Handoff {
             // SAFETY: validated: non-null strides point to `ndim` readable values.
             Cow::Borrowed(unsafe { std::slice::from_raw_parts(t.strides, t.ndim as usize) })
         };
-        let prepared = Dynamic::new(shape, &strides[..])
-            .prepare()
-            .map_err(|_| ValidationError::ShapeOverflow { shape: shape.to_vec() })?;
+        // Compact memory carries canonical strides, as in `with_keep_alive`.
+        let prepared = if validate::is_compact(shape, &strides) {
+            Dynamic::compact(shape).prepare()
+        } else {
+            Dynamic::new(shape, &strides[..]).prepare()
+        }
+        .map_err(|_| ValidationError::ShapeOverflow { shape: shape.to_vec() })?;
         let owner = Box::new(Owner { keep_alive: Some(foreign), release_after: Some(consumer.clone()) });
         let mut init = prepared.initialize(owner);
         init.set_data(t.data).set_device(t.device).set_dtype(t.dtype).set_byte_offset(t.byte_offset);
@@ -331,9 +344,12 @@ impl Handoff {
         unsafe { std::slice::from_raw_parts(t.strides, t.ndim as usize) }
     }
 
-    /// Whether the strides are compact row-major.
+    /// Whether the strides are compact row-major, by handoff's one rule
+    /// ([`storage::is_compact`](crate::storage::is_compact)): strides of size-1
+    /// dimensions, and of tensors with no elements, do not matter (as in DLPack and
+    /// PyTorch), so `torch.ones(1, 8).t()` (shape `[8, 1]`, strides `[1, 8]`) is compact.
     pub fn is_contiguous(&self) -> bool {
-        dlpark::tensor::is_compact_strides(self.shape(), Some(self.strides())).unwrap_or(false)
+        validate::is_compact(self.shape(), self.strides())
     }
 
     /// The base address.
@@ -356,7 +372,8 @@ impl Handoff {
         self.shape().iter().map(|&d| d as usize).product()
     }
 
-    /// The bytes the elements take (packed sub-byte types rounded up once).
+    /// The bytes the elements take (packed sub-byte types rounded up once: validation
+    /// refuses `IS_SUBBYTE_TYPE_PADDED` sub-byte tensors, so sub-byte data is always packed).
     pub fn num_bytes(&self) -> usize {
         (self.num_elements() * self.dtype().bits as usize).div_ceil(8)
     }

@@ -9,6 +9,8 @@
 //! - [`Dims`], [`StridesField`], [`ByteOffsetField`], [`StreamField`]: the field types
 //!   a derived type may use for its shape, strides, byte offset and stream.
 //! - [`describe`], [`expect_dtype`], [`Received`]: what the generated code calls.
+//! - [`is_compact`]: handoff's one compactness rule (strides of size-1 dimensions,
+//!   and of empty tensors, do not matter).
 //!
 //! ```
 //! use handoff_runtime::storage::Buffer;
@@ -21,8 +23,11 @@ use crate::dtype::{self, DataType, Element};
 use crate::error::Result;
 use crate::handoff::{Handoff, TensorDesc};
 use crate::stream::Stream;
+use crate::validate::byte_extent;
+pub use crate::validate::is_compact;
 use std::borrow::Cow;
 use std::ffi::c_void;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// Memory a tensor's elements live in.
@@ -423,22 +428,6 @@ pub struct Layout<'a> {
     pub byte_offset: u64,
 }
 
-/// The bytes `shape` and `strides` reach, relative to the first element:
-/// `(start, end)`, with `start <= 0`; `(0, 0)` when there are no elements.
-fn reach(shape: &[i64], strides: &[i64], dtype: DataType) -> Option<(i128, i128)> {
-    if shape.contains(&0) {
-        return Some((0, 0));
-    }
-    let (mut lo, mut hi) = (0i128, 0i128);
-    for (&d, &s) in shape.iter().zip(strides) {
-        let step = (d as i128 - 1).checked_mul(s as i128)?;
-        if step < 0 { lo += step } else { hi += step }
-    }
-    let bits = dtype.bits as i128;
-    let to_bytes = |e: i128| -> i128 { if e < 0 { -((-e * bits + 7) / 8) } else { (e * bits + 7) / 8 } };
-    Some((to_bytes(lo), to_bytes(hi + 1)))
-}
-
 fn compact(shape: &[i64]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -451,7 +440,8 @@ fn compact(shape: &[i64]) -> Vec<i64> {
 /// storage. This is what a derived `Export::describe` calls.
 ///
 /// # Errors
-/// An invalid dtype; [`StorageError::NegativeDimension`],
+/// [`StorageError::DeviceMismatch`] when `layout.device` is not
+/// [`Storage::device`]; an invalid dtype; [`StorageError::NegativeDimension`],
 /// [`StorageError::StridesLength`], [`StorageError::OutOfBounds`].
 ///
 /// ```
@@ -466,6 +456,16 @@ fn compact(shape: &[i64]) -> Vec<i64> {
 /// assert!(matches!(&err, Error::Storage(e) if matches!(**e, StorageError::OutOfBounds { len: 24, .. })), "{err}");
 /// ```
 pub fn describe<'a, S: Storage + ?Sized>(storage: &'a S, layout: Layout<'a>) -> Result<TensorDesc<'a>> {
+    // The pointer means host memory or device memory by where the storage put it; a
+    // label cannot move it.
+    if layout.device != storage.device() {
+        return Err(StorageError::DeviceMismatch {
+            field: "device",
+            device: layout.device,
+            storage: storage.device(),
+        }
+        .into());
+    }
     dtype::check(layout.dtype)?;
     if let Some((axis, &value)) = layout.shape.iter().enumerate().find(|(_, d)| **d < 0) {
         return Err(StorageError::NegativeDimension { axis, value }.into());
@@ -489,8 +489,8 @@ pub fn describe<'a, S: Storage + ?Sized>(storage: &'a S, layout: Layout<'a>) -> 
         end,
         len,
     };
-    let (lo, hi) =
-        reach(&layout.shape, &strides, layout.dtype).ok_or_else(|| out_of_bounds(i128::MIN, i128::MAX))?;
+    let (lo, hi) = byte_extent(&layout.shape, &strides, layout.dtype)
+        .ok_or_else(|| out_of_bounds(i128::MIN, i128::MAX))?;
     let (start, end) =
         if hi == 0 { (0, 0) } else { (layout.byte_offset as i128 + lo, layout.byte_offset as i128 + hi) };
     if start < 0 || end > len as i128 {
@@ -660,9 +660,14 @@ impl<T: Element> Buffer<T> {
         {
             return None;
         }
-        // SAFETY: host memory of `len` bytes owned by `owner`, aligned for T (checked),
-        // and every DLPack element type is valid for any bit pattern.
-        Some(unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len / size) })
+        let len = self.len / size;
+        // An empty tensor may have a null data pointer (PyTorch exports every empty
+        // tensor so); a slice never may, so empty views use a dangling, aligned one.
+        let ptr = if len == 0 { NonNull::<T>::dangling().as_ptr() } else { self.ptr as *mut T };
+        // SAFETY: `ptr` is non-null and aligned for T (checked above, or dangling for
+        // no elements); when `len > 0` it is host memory of `len` elements owned by
+        // `owner`, and every DLPack element type is valid for any bit pattern.
+        Some(unsafe { std::slice::from_raw_parts(ptr, len) })
     }
 
     /// Whether this buffer views another framework's memory.
@@ -706,7 +711,7 @@ impl<T: Element + Send> Adopt for Buffer<T> {
             }
             .into());
         }
-        let (lo, hi) = reach(handoff.shape(), handoff.strides(), dtype).unwrap_or((0, 0));
+        let (lo, hi) = byte_extent(handoff.shape(), handoff.strides(), dtype).unwrap_or((0, 0));
         if lo < 0 {
             return Err(StorageError::NegativeStrides { ty, strides: handoff.strides().to_vec() }.into());
         }
@@ -771,6 +776,24 @@ mod tests {
         assert!(matches!(e, StorageError::DoesNotFit { field: "strides", value: -4, .. }), "{e}");
         assert_eq!(Option::<Vec<i64>>::from_strides(&[1], true, "strides").unwrap(), None);
         assert_eq!(Option::<Vec<i64>>::from_strides(&[2], false, "strides").unwrap(), Some(vec![2]));
+    }
+
+    #[test]
+    fn describe_refuses_a_device_the_storage_is_not_on() {
+        let data = vec![0f32; 4];
+        let mut l = layout(&[4], None, 0);
+        l.device = Device::Cuda(1);
+        let e = storage_err(describe(&data, l));
+        assert_eq!(
+            e,
+            StorageError::DeviceMismatch { field: "device", device: Device::Cuda(1), storage: Device::Host }
+        );
+        assert_eq!(
+            e.to_string(),
+            "device is cuda:1, but the storage's memory is on host; set device to host, or put the data in cuda:1 storage"
+        );
+        let empty = Buffer::<f32>::from(Vec::new());
+        assert_eq!(empty.as_slice(), Some(&[][..]));
     }
 
     #[test]

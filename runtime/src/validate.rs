@@ -4,7 +4,7 @@
 //! bound it (`ndim`) are known to be sane.
 
 use crate::device::Device;
-use crate::dtype;
+use crate::dtype::{self, DataType};
 use crate::error::ValidationError;
 use dlpark::DlpackFlags;
 use dlpark::ffi::{DLPackVersion, DLTensor};
@@ -46,6 +46,14 @@ pub(crate) unsafe fn check(
     }
     let device = Device::from_dlpack(tensor.device)?;
     dtype::check(tensor.dtype)?;
+    // Every byte count of handoff and its adapters assumes packed sub-byte elements;
+    // on whole-byte dtypes the flag changes nothing.
+    if flags.contains(DlpackFlags::IS_SUBBYTE_TYPE_PADDED) && tensor.dtype.bits < 8 {
+        return Err(ValidationError::SubbytePadded {
+            dtype: dtype::name(tensor.dtype),
+            bits: tensor.dtype.bits,
+        });
+    }
     if tensor.ndim < 0 {
         return Err(ValidationError::NegativeNdim { ndim: tensor.ndim });
     }
@@ -82,16 +90,19 @@ pub(crate) unsafe fn check(
         }
     }
     let data = tensor.data as usize;
+    let byte_offset = tensor.byte_offset;
     if data == 0 && elements > 0 {
         return Err(ValidationError::NullData { elements });
     }
-    let byte_offset = tensor.byte_offset;
+    if data == 0 && byte_offset != 0 {
+        return Err(ValidationError::NullDataOffset { byte_offset });
+    }
     let start = usize::try_from(byte_offset).ok().and_then(|o| data.checked_add(o));
     let Some(start) = start else {
         return Err(ValidationError::ByteOffsetOverflow { data, byte_offset });
     };
     let align = dtype::alignment(tensor.dtype);
-    if data != 0 && start % align != 0 {
+    if start % align != 0 {
         return Err(ValidationError::Misaligned {
             data,
             byte_offset,
@@ -99,10 +110,134 @@ pub(crate) unsafe fn check(
             dtype: dtype::name(tensor.dtype),
         });
     }
+    if elements > 0 {
+        let strides = view.strides_or_compact().map_err(|e| from_dlpark(e, tensor))?;
+        let outside = |first_byte: i64, end_byte: u64| ValidationError::OutsideAddressSpace {
+            data,
+            byte_offset,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            first_byte,
+            end_byte,
+        };
+        // Bounded by the extent check above (at most isize::MAX bytes either way).
+        let extent = byte_extent(shape, &strides, tensor.dtype)
+            .and_then(|(lo, hi)| Some((i64::try_from(lo).ok()?, u64::try_from(hi).ok()?)));
+        let Some((lo, hi)) = extent else {
+            return Err(outside(i64::MIN, u64::MAX));
+        };
+        // One past the last byte must be an address too, as for any Rust allocation.
+        let (first, end) = (start as i128 + lo as i128, start as i128 + hi as i128);
+        if first < 0 || end > usize::MAX as i128 {
+            return Err(outside(lo, hi));
+        }
+    }
     if access == Access::Write && flags.contains(DlpackFlags::READ_ONLY) {
         return Err(ValidationError::ReadOnly);
     }
+    if access == Access::Write
+        && let Some(strides) = view.strides()
+        && !is_non_overlapping(shape, strides)
+    {
+        return Err(ValidationError::OverlappingWrite { shape: shape.to_vec(), strides: strides.to_vec() });
+    }
     Ok(Checked { device })
+}
+
+/// Whether `strides` (in elements) lay `shape` out compact and row-major, as DLPack
+/// and PyTorch read it: the stride of a dimension of size 1 does not matter (it is
+/// never stepped), nor does any stride of a tensor with no elements. Shape and
+/// strides of different lengths, or a negative dimension, are not compact.
+///
+/// This is the one compactness rule of handoff: [`Handoff::is_contiguous`], the
+/// derived `Import` of types without a strides field, and every adapter's check
+/// through `is_contiguous` follow it.
+///
+/// [`Handoff::is_contiguous`]: crate::Handoff::is_contiguous
+///
+/// ```
+/// use handoff_runtime::storage::is_compact;
+/// assert!(is_compact(&[2, 3], &[3, 1]));
+/// assert!(is_compact(&[8, 1], &[1, 8])); // torch.ones(1, 8).t()
+/// assert!(is_compact(&[0, 3], &[7, 5])); // no elements
+/// assert!(is_compact(&[], &[])); // a scalar
+/// assert!(!is_compact(&[2, 3], &[1, 2]));
+/// ```
+pub fn is_compact(shape: &[i64], strides: &[i64]) -> bool {
+    if shape.len() != strides.len() || shape.iter().any(|&d| d < 0) {
+        return false;
+    }
+    if shape.contains(&0) {
+        return true;
+    }
+    // The stride the next dimension (walking from the last) must have; `None` once
+    // it no longer fits in i64 (then no stepped dimension can match it).
+    let mut expected = Some(1i64);
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d == 1 {
+            continue;
+        }
+        if expected != Some(s) {
+            return false;
+        }
+        expected = expected.and_then(|e| e.checked_mul(d));
+    }
+    true
+}
+
+/// Whether no element of `shape` laid out with `strides` (in elements) is reached
+/// from two different indices. A sufficient test, cheap and sound: dimensions of
+/// size > 1, sorted by |stride|, must each step further than all the smaller ones
+/// together reach. It refuses broadcasts (stride 0 on a dimension of size > 1) and
+/// interleavings such as shape `[2, 2]` strides `[1, 1]`; it may refuse some exotic
+/// layouts that do not overlap, never accepts one that does.
+pub(crate) fn is_non_overlapping(shape: &[i64], strides: &[i64]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut dims: Vec<(u128, u128)> = shape
+        .iter()
+        .zip(strides)
+        .filter(|&(&d, _)| d > 1)
+        .map(|(&d, &s)| (u128::from(s.unsigned_abs()), d as u128))
+        .collect();
+    dims.sort_unstable();
+    // The furthest element the dimensions so far reach from the first, in elements.
+    let mut reach: u128 = 0;
+    for (stride, d) in dims {
+        if stride <= reach {
+            return false;
+        }
+        reach = reach.saturating_add(stride.saturating_mul(d - 1));
+    }
+    true
+}
+
+/// The bytes the elements of `shape` with `strides` (in elements) of `dtype` reach,
+/// relative to the first element's address: `(start, end)` with `start <= 0` the
+/// lowest byte and `end` one past the highest; `(0, 0)` when there are no elements;
+/// `None` when the sums overflow. Sub-byte elements are packed.
+pub(crate) fn byte_extent(shape: &[i64], strides: &[i64], dtype: DataType) -> Option<(i128, i128)> {
+    if shape.contains(&0) {
+        return Some((0, 0));
+    }
+    let (mut lo, mut hi) = (0i128, 0i128);
+    for (&d, &s) in shape.iter().zip(strides) {
+        let step = (i128::from(d) - 1).checked_mul(i128::from(s))?;
+        if step < 0 {
+            lo = lo.checked_add(step)?;
+        } else {
+            hi = hi.checked_add(step)?;
+        }
+    }
+    let bits = i128::from(dtype.bits) * i128::from(dtype.lanes);
+    // Elements to bytes, rounding away from the first element: the byte holding the
+    // lowest element's first bit, and one past the byte holding the last bit.
+    let to_bytes = |e: i128| -> Option<i128> {
+        let b = e.checked_mul(bits)?;
+        Some(if b < 0 { -((-b + 7) / 8) } else { (b + 7) / 8 })
+    };
+    Some((to_bytes(lo)?, to_bytes(hi.checked_add(1)?)?))
 }
 
 fn from_dlpark(e: DlparkError, tensor: &DLTensor) -> ValidationError {
@@ -117,13 +252,74 @@ fn from_dlpark(e: DlparkError, tensor: &DLTensor) -> ValidationError {
         },
         // The remaining structural failures are all counts that overflow.
         _ => ValidationError::ShapeOverflow {
-            // SAFETY: only reached after dlpark read the shape successfully or
-            // found it null; a null shape gives an empty list here.
             shape: if tensor.shape.is_null() || tensor.ndim <= 0 {
                 Vec::new()
             } else {
+                // SAFETY: only reached after dlpark read the shape successfully (a
+                // null one is handled above): `ndim` readable values.
                 unsafe { std::slice::from_raw_parts(tensor.shape, tensor.ndim as usize) }.to_vec()
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compactness_ignores_size_one_and_empty_strides() {
+        assert!(is_compact(&[], &[]));
+        assert!(is_compact(&[2, 3, 4], &[12, 4, 1]));
+        assert!(is_compact(&[8, 1], &[1, 8]));
+        assert!(is_compact(&[1, 1], &[-5, 0]));
+        assert!(is_compact(&[3, 1, 2], &[2, 1000, 1]));
+        assert!(is_compact(&[0, 2], &[1, 1]));
+        assert!(!is_compact(&[2, 3], &[1, 2]));
+        assert!(!is_compact(&[3, 1, 2], &[3, 1, 1]));
+        assert!(!is_compact(&[2], &[1, 1]), "lengths differ");
+        assert!(!is_compact(&[-1, 0], &[1, 1]), "negative dimension");
+        // The expected stride overflows only after the first dimension: still compact.
+        assert!(is_compact(&[1 << 42, 1 << 22], &[1 << 22, 1]));
+        // It overflows before a stepped dimension: nothing matches.
+        assert!(!is_compact(&[2, 1 << 40, 1 << 40], &[i64::MAX, 1 << 40, 1]));
+    }
+
+    #[test]
+    fn overlap_is_found_for_broadcasts_and_interleavings() {
+        for (shape, strides) in [
+            (&[4i64][..], &[0i64][..]),
+            (&[2, 2], &[1, 1]),
+            (&[3, 2], &[1, 2]),
+            (&[2, 2], &[-1, 1]),
+            (&[2, 3], &[2, 1]),
+        ] {
+            assert!(!is_non_overlapping(shape, strides), "{shape:?} {strides:?}");
+        }
+        for (shape, strides) in [
+            (&[][..], &[][..]),
+            (&[4i64][..], &[1i64][..]),
+            (&[1], &[0]),
+            (&[2, 2], &[1, 2]),
+            (&[2, 2], &[-2, 1]),
+            (&[2, 3], &[3, 1]),
+            (&[2, 3], &[2, 3]),
+            (&[3, 0], &[0, 0]),
+            (&[2, 2], &[i64::MAX, i64::MIN]),
+        ] {
+            assert!(is_non_overlapping(shape, strides), "{shape:?} {strides:?}");
+        }
+    }
+
+    #[test]
+    fn byte_extents_round_away_from_the_first_element() {
+        assert_eq!(byte_extent(&[2, 3], &[3, 1], DataType::F32), Some((0, 24)));
+        assert_eq!(byte_extent(&[2], &[-1], DataType::F32), Some((-4, 4)));
+        assert_eq!(byte_extent(&[0, 9], &[-9, 1], DataType::F32), Some((0, 0)));
+        // Packed fp4: 3 elements are 12 bits, 2 bytes; one step back is the byte before.
+        assert_eq!(byte_extent(&[3], &[1], DataType::F4E2M1FN), Some((0, 2)));
+        assert_eq!(byte_extent(&[2], &[-1], DataType::F4E2M1FN), Some((-1, 1)));
+        assert_eq!(byte_extent(&[i64::MAX; 64], &[i64::MAX; 64], DataType::C128), None);
+        assert_eq!(byte_extent(&[i64::MAX], &[i64::MAX], DataType::C128), None);
     }
 }

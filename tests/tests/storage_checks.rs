@@ -94,7 +94,9 @@ fn an_empty_tensor_with_null_data_adopts_into_an_empty_buffer() {
 
 #[test]
 fn an_empty_tensor_with_null_data_views_as_an_empty_ndarray() {
-    for (shape, strides) in [(vec![0i64, 3], vec![3i64, 1]), (vec![0], vec![1]), (vec![4, 0, 2], vec![9, 5, 7])] {
+    for (shape, strides) in
+        [(vec![0i64, 3], vec![3i64, 1]), (vec![0], vec![1]), (vec![4, 0, 2], vec![9, 5, 7])]
+    {
         let h = import(empty_null(&shape, &strides));
         let t: NdTensor<f32> = h.import().unwrap();
         let v = t.view();

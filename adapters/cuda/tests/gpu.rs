@@ -322,7 +322,7 @@ fn works_whatever_context_is_current_on_the_calling_thread() {
     // A thread with no current context.
     let before = std::thread::spawn(move || {
         let before = cudarc::driver::result::ctx::get_current().unwrap();
-        // SAFETY (test): `p` and `c` outlive this thread, which is joined below.
+        // SAFETY: (test) `p` and `c` outlive this thread, which is joined below.
         let (ps, cs) = unsafe { (cuda::stream(0, pr).unwrap(), cuda::stream(0, cr).unwrap()) };
         handoff_runtime::order(Some(&ps), &cs).unwrap();
         before.is_none()
@@ -333,7 +333,7 @@ fn works_whatever_context_is_current_on_the_calling_thread() {
     // A thread where a non-primary context is current: it stays current afterwards.
     let other = cudarc::driver::CudaContext::new_non_primary(0, 0).unwrap();
     other.bind_to_thread().unwrap();
-    // SAFETY (test): `p` and `c` outlive `ps` and `cs`.
+    // SAFETY: (test) `p` and `c` outlive `ps` and `cs`.
     let (ps, cs) = unsafe { (cuda::stream(0, pr).unwrap(), cuda::stream(0, cr).unwrap()) };
     assert_eq!(handoff_runtime::order(Some(&ps), &cs).unwrap(), Ready::Waited);
     let now = cudarc::driver::result::ctx::get_current().unwrap();

@@ -190,7 +190,7 @@ fn host_view_is_zero_copy_and_writes_are_seen() {
     let y1 = exe.execute(&[&x]).unwrap()[0].to_vec::<f32>().unwrap();
     close(&y1, &[gelu_scale(1.0); 32], 1e-5);
     // A write through the producer's memory is seen by the next execution.
-    // SAFETY (test): no execution is using the memory now.
+    // SAFETY: (test) no execution is using the memory now.
     unsafe { *ptr.add(5) = -1.5 };
     let y2 = exe.execute(&[&x]).unwrap()[0].to_vec::<f32>().unwrap();
     assert!((y2[5] - gelu_scale(-1.5)).abs() < 1e-5);
@@ -273,12 +273,12 @@ fn exported_buffer_is_readable_and_aliases_pjrt_memory() {
     assert!(s.host_syncs <= 1);
     assert_eq!(h.data_ptr() as *mut std::ffi::c_void, y.device_pointer().unwrap());
     assert_eq!((h.device(), h.dtype(), h.shape()), (Device::Host, DataType::F32, &[4i64, 8][..]));
-    // SAFETY (test): a validated host hand-off of 32 f32.
+    // SAFETY: (test) a validated host hand-off of 32 f32.
     let seen = unsafe { std::slice::from_raw_parts(h.data_ptr() as *const f32, 32) }.to_vec();
     close(&seen, &xs.iter().map(|&v| gelu_scale(v)).collect::<Vec<_>>(), 1e-5);
     // Dropping the producer's buffer keeps the memory: the hand-off holds it.
     drop(y);
-    // SAFETY (test): as above; still alive through the hand-off's keep-alive.
+    // SAFETY: (test) as above; still alive through the hand-off's keep-alive.
     let again = unsafe { std::slice::from_raw_parts(h.data_ptr() as *const f32, 32) }.to_vec();
     assert_eq!(seen, again);
     drop(h);

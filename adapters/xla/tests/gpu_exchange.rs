@@ -94,7 +94,7 @@ fn hstream(s: &Arc<CudaStream>) -> Stream {
 
 /// The handoff stream of a cudarc stream, keeping it alive.
 fn handoff_cuda_stream(s: &Arc<CudaStream>) -> Stream {
-    // SAFETY (test): a stream of the primary context, kept alive by the owner attached.
+    // SAFETY: (test) a stream of the primary context, kept alive by the owner attached.
     unsafe { handoff_runtime::cuda::stream(0, s.cu_stream() as u64) }.unwrap().with_owner(s.clone())
 }
 
@@ -102,7 +102,7 @@ fn handoff_cuda_stream(s: &Arc<CudaStream>) -> Stream {
 fn spin_filled(g: &Gpu, stream: &Arc<CudaStream>, value: f32) -> Handoff {
     let mut slice: CudaSlice<f32> = stream.alloc_zeros(N).unwrap();
     let (n, ns) = (N as u32, SPIN_NS);
-    // SAFETY (test): the kernel's parameters match its PTX signature.
+    // SAFETY: (test) the kernel's parameters match its PTX signature.
     unsafe { stream.launch_builder(&g.spin_fill).arg(&mut slice).arg(&n).arg(&value).arg(&ns).launch(cfg()) }
         .unwrap();
     let ptr = {
@@ -199,7 +199,7 @@ fn gpu_export_no_host_sync() {
             "export took {host:?} on the host (bound: a fifth of 50 ms)"
         );
         let (src, n, ns) = (h.data_ptr() as u64, N as u32, 0u64);
-        // SAFETY (test): the kernel's parameters match its PTX signature; `src` is
+        // SAFETY: (test) the kernel's parameters match its PTX signature; `src` is
         // kept alive by `h` until the consumer's work is done.
         unsafe { consumer.launch_builder(&g.copy).arg(&src).arg(&mut dst).arg(&n).arg(&ns).launch(cfg()) }
             .unwrap();
@@ -227,7 +227,7 @@ fn gpu_lifetime_under_churn() {
         for _ in 0..8 {
             let mut junk: CudaSlice<f32> = producer.alloc_zeros(N).unwrap();
             let (n, v, ns) = (N as u32, f32::NAN, 0u64);
-            // SAFETY (test): as above.
+            // SAFETY: (test) as above.
             unsafe {
                 producer.launch_builder(&g.spin_fill).arg(&mut junk).arg(&n).arg(&v).arg(&ns).launch(cfg())
             }
@@ -242,7 +242,7 @@ fn gpu_lifetime_under_churn() {
         let h = y.clone().export(&hstream(&consumer)).unwrap();
         let mut dst: CudaSlice<f32> = consumer.alloc_zeros(N).unwrap();
         let (src, n, ns) = (h.data_ptr() as u64, N as u32, SPIN_NS);
-        // SAFETY (test): as above.
+        // SAFETY: (test) as above.
         unsafe { consumer.launch_builder(&g.copy).arg(&src).arg(&mut dst).arg(&n).arg(&ns).launch(cfg()) }
             .unwrap();
         drop(h);

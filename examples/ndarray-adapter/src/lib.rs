@@ -22,6 +22,7 @@ use handoff::dtype::{DataType, Element};
 use handoff::registry::{self, Adapter, DeviceKind};
 use handoff::{Device, Error, Export, Handoff, Import, Result, Stream, StreamOrdered, TensorDesc};
 use ndarray::{ArrayD, ArrayViewD, IxDyn, ShapeBuilder};
+use std::ptr::NonNull;
 
 const NAME: &str = "ndarray";
 
@@ -57,11 +58,21 @@ impl<T: Element> NdTensor<T> {
             Inner::Owned(a) => a.view(),
             Inner::Viewed { handoff, shape, strides } => {
                 let dims = IxDyn(shape).strides(IxDyn(strides));
-                // SAFETY: `from_handoff` checked that the memory is host memory of `T`
-                // elements with non-negative strides; the hand-off was validated
-                // (alignment, extent overflow) and keeps the memory alive as long as
-                // `self`, which the view borrows.
-                unsafe { ArrayViewD::from_shape_ptr(dims, handoff.data_ptr() as *const T) }
+                // An empty tensor may come with a null data pointer (PyTorch exports
+                // every empty tensor so); ndarray needs a non-null, aligned one always.
+                // Its strides are all 0 (`from_handoff`), so no axis ever moves it.
+                let ptr = if shape.contains(&0) {
+                    NonNull::<T>::dangling().as_ptr().cast_const()
+                } else {
+                    handoff.data_ptr() as *const T
+                };
+                // SAFETY: `ptr` is non-null and aligned: dangling for no elements (and
+                // then never offset: zero strides); otherwise `from_handoff` checked
+                // that the memory is host memory of `T` elements with non-negative
+                // strides, and the hand-off was validated (non-null data, alignment,
+                // extent within the address space) and keeps the memory alive as long
+                // as `self`, which the view borrows.
+                unsafe { ArrayViewD::from_shape_ptr(dims, ptr) }
             }
         }
     }
@@ -122,6 +133,12 @@ impl<T: Element> Import for NdTensor<T> {
             ));
         }
         let shape: Vec<usize> = handoff.shape().iter().map(|&d| d as usize).collect();
+        if shape.contains(&0) {
+            // No elements: the strides do not matter, and zero ones never move the
+            // dangling pointer the view of nothing uses.
+            let strides = vec![0; shape.len()];
+            return Ok(NdTensor { inner: Inner::Viewed { handoff, shape, strides } });
+        }
         let mut strides = Vec::with_capacity(shape.len());
         for (axis, &s) in handoff.strides().iter().enumerate() {
             match usize::try_from(s) {

@@ -63,7 +63,7 @@ pub fn cycles_for(ms: f64) -> i64 {
 
 /// A PyTorch stream (from its pool: never destroyed) as a handoff stream.
 pub fn cuda_stream(raw: u64) -> Stream {
-    // SAFETY (test): the tests pass PyTorch's pool streams and the legacy stream.
+    // SAFETY: (test) the tests pass PyTorch's pool streams and the legacy stream.
     unsafe { handoff_runtime::cuda::stream(0, raw) }.unwrap()
 }
 
