@@ -12,7 +12,7 @@
 use handoff::dtype::{DataType, Element};
 use handoff::mock::{Kernel, Mock, MockTensor};
 use handoff::registry::{self, Adapter, DeviceKind};
-use handoff::storage::Buffer;
+use handoff::storage::Elements;
 use handoff::{DlpackExchange, Export, Stream, stats, transfer};
 use handoff_ndarray as _; // links the ndarray adapter, which registers itself
 use handoff_torch as _; // and PyTorch's
@@ -24,7 +24,7 @@ use std::any::Any;
 #[derive(DlpackExchange)]
 struct Image<T: Element> {
     #[dlpack(data)]
-    pixels: Buffer<T>,
+    pixels: Elements<T>,
     #[dlpack(shape)]
     shape: [usize; 2],
     #[dlpack(stream)]
@@ -88,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             _ => &host,
         };
         let image = || Image {
-            pixels: Buffer::from(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            pixels: Elements::from(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]),
             shape: [2, 3],
             stream: None,
             caption: "host image".into(),

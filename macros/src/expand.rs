@@ -8,26 +8,85 @@ use quote::{quote, quote_spanned};
 use syn::DeriveInput;
 use syn::spanned::Spanned;
 
-pub fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
+/// The impls, or every error (combined) followed by placeholder impls of
+/// `StreamOrdered` and `Export`, so that uses of the type do not pile more errors
+/// onto the real ones (as thiserror does).
+pub fn derive(input: &DeriveInput) -> TokenStream {
     let mut errors = Vec::new();
-    let parsed = Input::from_syn(input, &mut errors)?;
+    let parsed = match Input::from_syn(input, &mut errors) {
+        Ok(parsed) => parsed,
+        Err(e) => return e.into_compile_error(),
+    };
     let attrs_failed = !errors.is_empty();
     valid::validate(&parsed, attrs_failed, &mut errors);
-    if let Some(mut first) = errors.first().cloned() {
-        for e in errors.into_iter().skip(1) {
-            first.combine(e);
+    match errors.into_iter().reduce(|mut first, e| {
+        first.combine(e);
+        first
+    }) {
+        None => impls(&parsed),
+        Some(e) => {
+            let mut out = e.into_compile_error();
+            out.extend(fallback(&parsed));
+            out
         }
-        return Err(first);
     }
-    Ok(impls(&parsed))
+}
+
+fn krate(input: &Input<'_>) -> TokenStream {
+    match &input.attrs.krate {
+        Some(path) => quote!(#path),
+        None => quote!(::handoff),
+    }
+}
+
+/// Impls that compile whatever the fields are, and are never run: the type already
+/// failed to derive.
+fn fallback(input: &Input<'_>) -> TokenStream {
+    let krate = krate(input);
+    let ident = input.ident;
+    let (impl_g, ty_g, where_c) = input.generics.split_for_impl();
+    quote! {
+        #[automatically_derived]
+        impl #impl_g #krate::StreamOrdered for #ident #ty_g #where_c {
+            fn device(&self) -> #krate::Device {
+                ::core::unreachable!()
+            }
+            fn stream(&self) -> ::core::option::Option<#krate::Stream> {
+                ::core::unreachable!()
+            }
+        }
+
+        #[automatically_derived]
+        impl #impl_g #krate::Export for #ident #ty_g #where_c {
+            fn describe(&self) -> #krate::Result<#krate::TensorDesc<'_>> {
+                ::core::unreachable!()
+            }
+        }
+    }
+}
+
+/// Whether `ty` names one of the struct's type or const parameters (only such fields
+/// need a bound: a concrete field's unmet bound is reported at its use, spanned).
+fn mentions_param(ty: &syn::Type, generics: &syn::Generics) -> bool {
+    let params: Vec<String> = generics
+        .type_params()
+        .map(|p| p.ident.to_string())
+        .chain(generics.const_params().map(|p| p.ident.to_string()))
+        .collect();
+    fn walk(tokens: TokenStream, params: &[String]) -> bool {
+        tokens.into_iter().any(|t| match t {
+            proc_macro2::TokenTree::Ident(i) => params.iter().any(|p| i == p),
+            proc_macro2::TokenTree::Group(g) => walk(g.stream(), params),
+            _ => false,
+        })
+    }
+    !params.is_empty() && walk(quote!(#ty), &params)
 }
 
 fn impls(input: &Input<'_>) -> TokenStream {
-    let krate = match &input.attrs.krate {
-        Some(path) => quote!(#path),
-        None => quote!(::handoff),
-    };
+    let krate = krate(input);
     let storage = quote!(#krate::storage);
+    let private = quote!(#krate::__private);
     let ident = input.ident;
     let (impl_g, ty_g, where_c) = input.generics.split_for_impl();
     let base: Vec<TokenStream> =
@@ -43,13 +102,13 @@ fn impls(input: &Input<'_>) -> TokenStream {
 
     let (data_m, data_ty) = (&data.member, data.ty);
     let data_ref = quote_spanned!(data_ty.span()=> &self.#data_m);
-    // Bounds on the field types are needed for generic structs only; on a concrete
-    // struct an unmet bound is reported at the use in the body, spanned on the field.
+    // Bounds on the field types that mention a type parameter only; elsewhere an
+    // unmet bound is reported at the use in the body, spanned on the field.
     let generic =
         input.generics.type_params().next().is_some() || input.generics.const_params().next().is_some();
     let bound = |f: &Field<'_>, tr: TokenStream| {
         let ty = f.ty;
-        if generic { quote_spanned!(ty.span()=> #ty: #tr) } else { quote!() }
+        if mentions_param(ty, input.generics) { quote_spanned!(ty.span()=> #ty: #tr) } else { quote!() }
     };
 
     // StreamOrdered
@@ -122,14 +181,15 @@ fn impls(input: &Input<'_>) -> TokenStream {
         let (m, ty, name) = (&f.member, f.ty, f.name());
         let init = match f.role.map(|(r, _)| r) {
             Some(Role::Data) => continue,
-            Some(Role::Shape) => quote!(<#ty as #storage::Dims>::from_dims(&__received.shape, #name)?),
+            Some(Role::Shape) => quote!(<#ty as #storage::Dims>::from_dims(&__desc.shape, #name)?),
             Some(Role::Strides) => quote!(
-                <#ty as #storage::StridesField>::from_strides(&__received.strides, __received.compact, #name)?
+                <#ty as #storage::StridesField>::from_strides(
+                    __desc.strides.as_deref().unwrap_or(&[]), __compact, #name)?
             ),
             Some(Role::ByteOffset) => quote!(<#ty as #storage::ByteOffsetField>::from_byte_offset(0, #name)?),
-            Some(Role::Dtype) => quote_spanned!(ty.span()=> __received.dtype),
-            Some(Role::Device) => quote_spanned!(ty.span()=> __received.device),
-            Some(Role::Stream) => quote!(<#ty as #storage::StreamField>::from_stream(&__received.stream)),
+            Some(Role::Dtype) => quote_spanned!(ty.span()=> __desc.dtype),
+            Some(Role::Device) => quote_spanned!(ty.span()=> __desc.device),
+            Some(Role::Stream) => quote!(<#ty as #storage::StreamField>::from_stream(&__stream)),
             None => {
                 im_preds.push(quote_spanned!(ty.span()=> for<'__dlpack> #ty: ::core::default::Default));
                 quote!(::core::default::Default::default())
@@ -138,10 +198,10 @@ fn impls(input: &Input<'_>) -> TokenStream {
         inits.push(quote!(#m: #init));
     }
     let check_dtype = static_dtype
-        .map(|d| quote!(#storage::expect_dtype(&handoff, #d, ::core::any::type_name::<Self>())?;));
+        .map(|d| quote!(#private::expect_dtype(&handoff, #d, ::core::any::type_name::<Self>())?;));
     let check_compact = match strides {
         Some(_) => quote!(),
-        None => quote!(#storage::expect_compact(&handoff, ::core::any::type_name::<Self>())?;),
+        None => quote!(#private::expect_compact(&handoff, ::core::any::type_name::<Self>())?;),
     };
 
     let nonempty =
@@ -161,14 +221,17 @@ fn impls(input: &Input<'_>) -> TokenStream {
         #[automatically_derived]
         impl #impl_g #krate::Export for #ident #ty_g where #(#ex_preds,)* {
             fn describe(&self) -> #krate::Result<#krate::TensorDesc<'_>> {
-                #storage::describe(
+                #private::describe(
                     #data_ref,
-                    #storage::Layout {
+                    #krate::TensorDesc {
+                        data: ::core::ptr::null_mut(),
                         device: #krate::StreamOrdered::device(self),
                         dtype: #dtype,
                         shape: #shape_expr,
                         strides: #strides_expr,
                         byte_offset: #offset_expr,
+                        read_only: false,
+                        is_copied: false,
                     },
                 )
             }
@@ -179,7 +242,7 @@ fn impls(input: &Input<'_>) -> TokenStream {
             fn from_handoff(handoff: #krate::Handoff) -> #krate::Result<Self> {
                 #check_dtype
                 #check_compact
-                let __received = #storage::Received::of(&handoff);
+                let (__desc, __compact, __stream) = #private::received(&handoff);
                 let __data = <#data_ty as #storage::Adopt>::adopt(handoff)?;
                 ::core::result::Result::Ok(Self { #(#inits,)* })
             }

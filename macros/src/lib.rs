@@ -1,7 +1,8 @@
 //! `#[derive(DlpackExchange)]` for handoff: your own tensor types get
 //! `StreamOrdered`, `Export` and (when their storage can adopt foreign memory)
 //! `Import`, through a hygienic `::handoff` path (`#[dlpack(crate = "...")]` to
-//! override). The semantics live in `handoff::storage`; see `handoff`'s docs.
+//! override). The semantics live in `handoff::storage`; the generated code calls
+//! `handoff::__private` (hidden API). See `handoff`'s docs.
 //!
 //! Parse (`ast`, `attr`) -> validate (`valid`, every error spanned) -> expand.
 
@@ -17,5 +18,5 @@ use proc_macro::TokenStream;
 #[proc_macro_derive(DlpackExchange, attributes(dlpack))]
 pub fn derive_dlpack_exchange(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
-    expand::derive(&input).unwrap_or_else(syn::Error::into_compile_error).into()
+    expand::derive(&input).into()
 }

@@ -27,7 +27,7 @@ pub fn validate(input: &Input<'_>, attrs_failed: bool, errors: &mut Vec<syn::Err
         errors.push(syn::Error::new(
             input.ident.span(),
             "missing a `#[dlpack(data)]` field: mark the field that holds the memory (a `Vec<T>`, \
-             `Box<[T]>`, `Arc<[T]>` or `handoff::storage::Buffer<T>`) with `#[dlpack(data)]`",
+             `Box<[T]>`, `Arc<[T]>` or `handoff::storage::Elements<T>`) with `#[dlpack(data)]`",
         ));
     }
     if input.field(Role::Shape).is_none() && !attrs_failed {

@@ -80,7 +80,7 @@ pub enum Error {
 
     /// A derived type's fields do not describe its storage (see [`crate::storage`]).
     #[error("{0}")]
-    Storage(Box<crate::storage::StorageError>),
+    Storage(Box<StorageError>),
 }
 
 /// Why a DLPack descriptor was refused. Each check of the import path has its own
@@ -284,4 +284,142 @@ pub enum ValidationError {
         /// `flags`.
         flags: u64,
     },
+}
+
+/// Why storage or a derived type's fields were refused. Each variant names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// A dimension or stride does not fit in `i64`.
+    #[error("{field}[{axis}] is {value}: it does not fit in i64")]
+    Overflow {
+        /// The field (`shape`, `strides`).
+        field: &'static str,
+        /// The axis.
+        axis: usize,
+        /// The value.
+        value: String,
+    },
+    /// A dimension or stride does not fit in the field's type on import.
+    #[error("{field}[{axis}] is {value}: it does not fit in the field's type `{ty}`")]
+    DoesNotFit {
+        /// The field.
+        field: &'static str,
+        /// The axis (0 for scalars such as `byte_offset`).
+        axis: usize,
+        /// The value.
+        value: i64,
+        /// The field's type.
+        ty: &'static str,
+    },
+    /// A fixed-size field has the wrong length on import.
+    #[error("{field} has {len} dimensions but its type `{ty}` holds {expected}")]
+    Rank {
+        /// The field.
+        field: &'static str,
+        /// The hand-off's number of dimensions.
+        len: usize,
+        /// The field's length.
+        expected: usize,
+        /// The field's type.
+        ty: &'static str,
+    },
+    /// A dimension is negative.
+    #[error("shape[{axis}] is {value}: dimensions must be >= 0")]
+    NegativeDimension {
+        /// The axis.
+        axis: usize,
+        /// The value.
+        value: i64,
+    },
+    /// Shape and strides differ in length.
+    #[error("shape has {shape_len} dimensions but strides has {strides_len}; give one stride per dimension")]
+    StridesLength {
+        /// The shape's length.
+        shape_len: usize,
+        /// The strides' length.
+        strides_len: usize,
+    },
+    /// The tensor reaches outside its storage.
+    #[error(
+        "shape {shape:?} with strides {strides:?} and byte_offset {byte_offset} of {dtype} spans bytes \
+         {start}..{end}, but the storage holds {len} bytes; make the shape fit the data"
+    )]
+    OutOfBounds {
+        /// The shape.
+        shape: Vec<i64>,
+        /// The strides (compact ones when none were given).
+        strides: Vec<i64>,
+        /// The byte offset.
+        byte_offset: u64,
+        /// The dtype's name.
+        dtype: String,
+        /// The first byte reached.
+        start: i128,
+        /// One past the last byte reached.
+        end: i128,
+        /// The storage's length in bytes.
+        len: usize,
+    },
+    /// The hand-off's dtype is not the one the type holds.
+    #[error("dtype is {found}, but `{ty}` holds {expected}; convert the tensor to {expected} first")]
+    Dtype {
+        /// The type imported into.
+        ty: &'static str,
+        /// What it holds.
+        expected: String,
+        /// What the hand-off has.
+        found: String,
+    },
+    /// The hand-off's elements have another size than the storage's.
+    #[error("dtype {found} has {bits} bits per element, but `{ty}` stores {elem_bits}-bit elements")]
+    ElementSize {
+        /// The storage type.
+        ty: &'static str,
+        /// The hand-off's dtype.
+        found: String,
+        /// Its bits.
+        bits: u8,
+        /// The storage's element bits.
+        elem_bits: usize,
+    },
+    /// The hand-off is strided, and the type imported into has no strides field.
+    #[error(
+        "strides {strides:?} are not compact, and `{ty}` has no `#[dlpack(strides)]` field; add one, or make the tensor contiguous first"
+    )]
+    NotCompact {
+        /// The type imported into.
+        ty: &'static str,
+        /// The hand-off's strides.
+        strides: Vec<i64>,
+    },
+    /// The device a field names is not the one the storage's memory is on.
+    #[error(
+        "{field} is {device}, but the storage's memory is on {storage}; \
+         set {field} to {storage}, or put the data in {device} storage"
+    )]
+    DeviceMismatch {
+        /// The field (`device`).
+        field: &'static str,
+        /// The device the field names.
+        device: Device,
+        /// The device the storage's memory is on ([`Storage::device`](crate::storage::Storage::device)).
+        storage: Device,
+    },
+    /// Negative strides reach before the first element, which storage cannot adopt.
+    #[error(
+        "strides {strides:?} reach before the first element; `{ty}` adopts tensors with non-negative strides only"
+    )]
+    NegativeStrides {
+        /// The storage type.
+        ty: &'static str,
+        /// The strides.
+        strides: Vec<i64>,
+    },
+}
+
+impl From<StorageError> for Error {
+    fn from(e: StorageError) -> Self {
+        Error::Storage(Box::new(e))
+    }
 }

@@ -45,6 +45,10 @@ pub struct TensorDesc<'a> {
     pub is_copied: bool,
 }
 
+// SAFETY: a description only: `data` is an address, never dereferenced through a
+// `TensorDesc`; whoever reads the memory does so under the owner's rules.
+unsafe impl Send for TensorDesc<'_> {}
+
 impl<'a> TensorDesc<'a> {
     /// A compact, writable, not copied tensor.
     pub fn new(data: *mut c_void, device: Device, dtype: DataType, shape: impl Into<Cow<'a, [i64]>>) -> Self {
@@ -76,6 +80,20 @@ impl<'a> TensorDesc<'a> {
     pub fn read_only(mut self) -> Self {
         self.read_only = true;
         self
+    }
+
+    /// The same description, owning its shape and strides.
+    pub fn into_owned(self) -> TensorDesc<'static> {
+        TensorDesc {
+            data: self.data,
+            device: self.device,
+            dtype: self.dtype,
+            shape: Cow::Owned(self.shape.into_owned()),
+            strides: self.strides.map(|s| Cow::Owned(s.into_owned())),
+            byte_offset: self.byte_offset,
+            read_only: self.read_only,
+            is_copied: self.is_copied,
+        }
     }
 }
 
@@ -312,6 +330,17 @@ impl Handoff {
     fn tensor(&self) -> &DLTensor {
         // SAFETY: owned and validated; metadata is immutable while owned.
         unsafe { self.managed.tensor() }
+    }
+
+    /// The hand-off's memory as a [`TensorDesc`] (explicit strides), borrowing its
+    /// shape and strides.
+    pub fn desc(&self) -> TensorDesc<'_> {
+        let mut desc = TensorDesc::new(self.data(), self.device, self.dtype(), self.shape())
+            .with_strides(self.strides())
+            .with_byte_offset(self.byte_offset());
+        desc.read_only = self.is_read_only();
+        desc.is_copied = self.is_copied();
+        desc
     }
 
     /// Where the memory lives.

@@ -27,6 +27,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod derive_support;
 mod device;
 pub mod dtype;
 mod error;
@@ -52,3 +53,9 @@ pub use validate::{Access, MAX_NDIM};
 
 /// The DLPack ABI types, re-exported from `dlpark`.
 pub use dlpark;
+
+/// What `#[derive(DlpackExchange)]`'s generated code calls. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::derive_support::{describe, expect_compact, expect_dtype, received};
+}

@@ -3,13 +3,13 @@
 //! caught by the hazard checker.
 
 use handoff::mock::{BufferId, HazardKind, Kernel, Mock, MockTensor};
-use handoff::storage::{Adopt, Buffer};
+use handoff::storage::{Adopt, Elements};
 use handoff::{DlpackExchange, Export, Stream, stats, transfer};
 
 #[derive(DlpackExchange)]
 struct Frame {
     #[dlpack(data)]
-    data: Buffer<f32>,
+    data: Elements<f32>,
     #[dlpack(shape)]
     shape: Vec<i64>,
     #[dlpack(stream)]
@@ -21,7 +21,7 @@ struct Frame {
 fn frame(mock: &Mock, producer: &Stream, claimed: &Stream) -> (Frame, BufferId) {
     let x = mock.tensor_f32(producer, "frame", &[4], &[0.0; 4]);
     let id = x.buffer();
-    let data = Buffer::<f32>::adopt(x.export(producer).unwrap()).unwrap();
+    let data = Elements::<f32>::adopt(x.export(producer).unwrap()).unwrap();
     mock.launch(producer, Kernel::new("fill").micros(50).writes(id).run(move |k| k.write_f32(id, &[1.0; 4])));
     (Frame { data, shape: vec![4], stream: claimed.clone() }, id)
 }

@@ -4,7 +4,7 @@
 
 use handoff::dtype::{self, DataType};
 use handoff::registry::{self, Adapter, DeviceKind, RegistryError};
-use handoff::storage::Buffer;
+use handoff::storage::Elements;
 use handoff::{Device, DlpackExchange, Stream, stats};
 use handoff_ndarray::NdTensor;
 use ndarray::ArrayD;
@@ -13,7 +13,7 @@ use ndarray::ArrayD;
 #[derive(DlpackExchange)]
 struct Frame<T: dtype::Element> {
     #[dlpack(data)]
-    data: Buffer<T>,
+    data: Elements<T>,
     #[dlpack(shape)]
     shape: Vec<usize>,
 }
@@ -65,7 +65,7 @@ fn ndarray_round_trips_through_the_registry_without_a_copy() {
 
 #[test]
 fn a_derived_type_converts_to_ndarray_and_back() {
-    let f = Frame { data: Buffer::from(vec![1.0f32, 2.0, 3.0, 4.0]), shape: vec![2, 2] };
+    let f = Frame { data: Elements::from(vec![1.0f32, 2.0, 3.0, 4.0]), shape: vec![2, 2] };
     let v = registry::convert(Box::new(f), "test-frame", "ndarray", &Stream::host()).unwrap();
     let v = v.downcast::<NdTensor<f32>>().unwrap();
     assert_eq!(v.view().shape(), &[2, 2]);
@@ -96,7 +96,7 @@ fn unknown_names_and_unsupported_pairs_are_clear_errors() {
     assert!(err.to_string().contains("takes: host"), "{err}");
     assert_eq!(delta.exports, 0, "refused before any export");
 
-    let i = Frame { data: Buffer::from(vec![1i32, 2]), shape: vec![2] };
+    let i = Frame { data: Elements::from(vec![1i32, 2]), shape: vec![2] };
     let err = registry::convert(Box::new(i), "test-frame-i32", "ndarray", &Stream::host()).unwrap_err();
     assert!(
         matches!(&err, RegistryError::UnsupportedDtype { adapter: "ndarray", dtype, .. } if dtype == "i32"),

@@ -3,7 +3,7 @@
 //! tensors with a null data pointer, and compact tensors with odd size-1 strides.
 
 use handoff::mock::{Mock, MockTensor};
-use handoff::storage::{Adopt, Buffer, StorageError};
+use handoff::storage::{Adopt, Elements, StorageError};
 use handoff::{Access, Device, DlpackExchange, Error, Export, Handoff, Stream, StreamOrdered};
 use handoff_ndarray::NdTensor;
 use handoff_tests::Foreign;
@@ -35,7 +35,7 @@ struct Labelled {
 #[derive(DlpackExchange)]
 struct LabelledBuffer {
     #[dlpack(data)]
-    data: Buffer<f32>,
+    data: Elements<f32>,
     #[dlpack(shape)]
     shape: Vec<i64>,
     #[dlpack(device)]
@@ -60,7 +60,7 @@ fn a_device_field_that_contradicts_the_storage_is_refused() {
     let mock = Mock::new();
     let s = mock.stream(0, "s");
     let x = mock.tensor_f32(&s, "x", &[4], &[0.0; 4]);
-    let data = Buffer::<f32>::adopt(x.export(&s).unwrap()).unwrap();
+    let data = Elements::<f32>::adopt(x.export(&s).unwrap()).unwrap();
     let t = LabelledBuffer { data, shape: vec![4], device: Device::Host };
     assert_eq!(
         storage_err(t.describe()),
@@ -70,7 +70,7 @@ fn a_device_field_that_contradicts_the_storage_is_refused() {
     // Agreeing labels are fine.
     let t = Labelled { data: vec![1.0; 4], shape: vec![4], device: Device::Host };
     assert_eq!(t.describe().unwrap().device, Device::Host);
-    let data = Buffer::<f32>::adopt(mock.tensor_f32(&s, "y", &[4], &[0.0; 4]).export(&s).unwrap()).unwrap();
+    let data = Elements::<f32>::adopt(mock.tensor_f32(&s, "y", &[4], &[0.0; 4]).export(&s).unwrap()).unwrap();
     let t = LabelledBuffer { data, shape: vec![4], device: Device::Mock(0) };
     assert_eq!(t.describe().unwrap().device, Device::Mock(0));
     assert_eq!(t.device(), Device::Mock(0));
@@ -88,7 +88,7 @@ fn empty_null(shape: &[i64], strides: &[i64]) -> Foreign {
 fn an_empty_tensor_with_null_data_adopts_into_an_empty_buffer() {
     let h = import(empty_null(&[0, 3], &[3, 1]));
     assert!(h.data().is_null());
-    let b = Buffer::<f32>::adopt(h).unwrap();
+    let b = Elements::<f32>::adopt(h).unwrap();
     assert_eq!(b.as_slice(), Some(&[][..]));
 }
 
@@ -113,7 +113,7 @@ fn an_empty_tensor_with_null_data_views_as_an_empty_ndarray() {
 #[derive(DlpackExchange)]
 struct Compact {
     #[dlpack(data)]
-    data: Buffer<f32>,
+    data: Elements<f32>,
     #[dlpack(shape)]
     shape: Vec<i64>,
 }

@@ -44,7 +44,6 @@ mod ffi;
 
 pub use error::TorchError;
 
-use handoff_runtime::dtype::DataType;
 use handoff_runtime::stats::Counter;
 use handoff_runtime::{
     Device, Export, Exportable, Handoff, Import, ImportInto, Importable, MAX_NDIM, Ready, Release, Result,
@@ -93,21 +92,8 @@ pub fn shim_has_cuda() -> bool {
     unsafe { ffi::hf_cuda_compiled() != 0 }
 }
 
-/// What the shim reads of a tensor.
-struct Described {
-    device: Device,
-    dtype: DataType,
-    data: *mut c_void,
-    shape: Vec<i64>,
-    strides: Vec<i64>,
-}
-
-// SAFETY: plain values read from a tensor; `data` is only an address, never read
-// through here.
-unsafe impl Send for Described {}
-
 /// Reads and checks everything an export needs; refuses what DLPack cannot describe.
-fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Described, TorchError> {
+fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<TensorDesc<'static>, TorchError> {
     let mut facts = ffi::Facts::default();
     let (mut shape, mut strides) = ([0i64; MAX_NDIM as usize], [0i64; MAX_NDIM as usize]);
     // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `tensor`; the buffers
@@ -152,7 +138,7 @@ fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Described, Torch
     if facts.is_neg != 0 {
         return Err(TorchError::Negative);
     }
-    Ok(Described { device, dtype, data: facts.data, shape, strides })
+    Ok(TensorDesc::new(facts.data, device, dtype, shape).with_strides(strides))
 }
 
 /// Checks that `tensor` can be exported, returning why not.
@@ -202,7 +188,7 @@ pub struct TorchTensor {
     stream: Option<Stream>,
     /// The description read when wrapping, for an export that follows at once (so
     /// the tensor is described once per export); taken by the first `describe`.
-    described: std::cell::Cell<Option<Described>>,
+    described: std::cell::Cell<Option<TensorDesc<'static>>>,
     /// Consumers must not write: it came from a `READ_ONLY` hand-off, and its
     /// exports say so too.
     read_only: bool,
@@ -304,11 +290,10 @@ impl StreamOrdered for TorchTensor {
 
 impl Export for TorchTensor {
     fn describe(&self) -> Result<TensorDesc<'_>> {
-        let d = match self.described.take() {
+        let mut desc = match self.described.take() {
             Some(d) => d,
             None => describe_tensor(&self.tensor)?,
         };
-        let mut desc = TensorDesc::new(d.data, d.device, d.dtype, d.shape).with_strides(d.strides);
         desc.read_only = self.read_only;
         Ok(desc)
     }

@@ -3,7 +3,8 @@
 //! [`XlaError::Pjrt`] with its message and code, destroying the error exactly once.
 //!
 //! These functions take and return raw handles; ownership is the caller's
-//! ([`crate::safe`] types destroy each handle exactly once).
+//! (the safe types, `Client`, `Buffer`, `Executable`, `Event`, destroy each handle
+//! exactly once).
 
 use crate::error::{ErrorCode, Result, XlaError};
 use crate::sys::{self, slot};

@@ -1,14 +1,14 @@
 // Every passing form: generic, fixed dtype, runtime dtype, strides as Option or
 // plain, byte offset, device and stream fields, tuple structs, crate override.
 use handoff::dtype::{DataType, Element};
-use handoff::storage::Buffer;
+use handoff::storage::Elements;
 use handoff::{Device, DlpackExchange, Export, Stream, StreamOrdered, transfer};
 use std::sync::Arc;
 
 #[derive(DlpackExchange)]
 struct Generic<T: Element> {
     #[dlpack(data)]
-    data: Buffer<T>,
+    data: Elements<T>,
     #[dlpack(shape)]
     shape: Vec<usize>,
     name: String,
@@ -18,7 +18,7 @@ struct Generic<T: Element> {
 #[dlpack(dtype = f32)]
 struct Fixed {
     #[dlpack(data)]
-    bytes: Buffer<u8>,
+    bytes: Elements<u8>,
     #[dlpack(shape)]
     dims: [i64; 2],
     #[dlpack(strides)]
@@ -30,7 +30,7 @@ struct Fixed {
 #[derive(DlpackExchange)]
 struct Runtime {
     #[dlpack(data)]
-    bytes: Buffer<u8>,
+    bytes: Elements<u8>,
     #[dlpack(shape)]
     shape: Box<[i64]>,
     #[dlpack(strides)]
@@ -69,18 +69,18 @@ struct Renamed {
 
 fn main() {
     let host = Stream::host();
-    let g = Generic { data: Buffer::from(vec![1.0f32, 2.0]), shape: vec![2], name: "g".into() };
+    let g = Generic { data: Elements::from(vec![1.0f32, 2.0]), shape: vec![2], name: "g".into() };
     let g: Generic<f32> = transfer(g, &host).unwrap();
     assert_eq!((g.shape.as_slice(), g.name.as_str()), (&[2][..], ""));
 
     let bytes: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0].iter().flat_map(|f| f.to_ne_bytes()).collect();
-    let f = Fixed { bytes: Buffer::from(bytes), dims: [2, 2], strides: None, offset: 4 };
+    let f = Fixed { bytes: Elements::from(bytes), dims: [2, 2], strides: None, offset: 4 };
     assert_eq!(f.describe().unwrap().dtype, DataType::F32);
     let f: Fixed = transfer(f, &host).unwrap();
     assert_eq!((f.dims, f.strides, f.offset), ([2, 2], None, 0));
 
     let r = Runtime {
-        bytes: Buffer::from(vec![0u8; 8]),
+        bytes: Elements::from(vec![0u8; 8]),
         shape: vec![2].into(),
         strides: vec![1],
         dtype: DataType::F32,
