@@ -1,0 +1,143 @@
+//! Viewing a hand-off as a `tch::Tensor` (`from_blob` with a deleter): no copy, and
+//! the producer's memory released after the work queued on PyTorch's stream.
+
+use crate::error::TorchError;
+use crate::{current_stream, dtype, ffi, init};
+use handoff_runtime::stats::Counter;
+use handoff_runtime::{Device, Handoff, Ready, Result, Stream, order, reaper, stats};
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// How [`import_with`] views a hand-off.
+///
+/// ```
+/// let options = handoff_torch::ImportOptions::new().read_only_ok();
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    stream: Option<Stream>,
+    read_only_ok: bool,
+}
+
+impl ImportOptions {
+    /// PyTorch's current stream of the memory's device, no read-only hand-offs.
+    pub fn new() -> ImportOptions {
+        ImportOptions::default()
+    }
+
+    /// The stream PyTorch will use the tensor on (instead of the current one): the data is
+    /// made ready there, and the hand-off released after the work queued there.
+    pub fn stream(mut self, stream: Stream) -> ImportOptions {
+        self.stream = Some(stream);
+        self
+    }
+
+    /// Accepts `READ_ONLY` hand-offs; the caller promises not to write through the tensor.
+    pub fn read_only_ok(mut self) -> ImportOptions {
+        self.read_only_ok = true;
+        self
+    }
+}
+
+/// Views a hand-off as a `tch::Tensor`, with no copy, on PyTorch's current stream.
+/// Dropping the last PyTorch reference releases the producer's memory after the work
+/// queued on that stream is done.
+///
+/// ```
+/// let x = tch::Tensor::from_slice(&[1i32, 2, 3]);
+/// let y = handoff_torch::import(handoff_torch::export(&x, &handoff_runtime::Stream::host()).unwrap()).unwrap();
+/// let _ = y.get(0).fill_(7);
+/// assert_eq!(x.int64_value(&[0]), 7);
+/// ```
+pub fn import(handoff: Handoff) -> Result<tch::Tensor> {
+    import_with(handoff, &ImportOptions::new())
+}
+
+/// [`import`] with options (the stream, read-only hand-offs). A plain tensor cannot
+/// carry `READ_ONLY`: exported again it is writable; use [`TorchTensor::import_with`]
+/// to keep the flag.
+pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<tch::Tensor> {
+    stats::count(Counter::Imports, 1);
+    let (tensor, _) = view(handoff, options)?;
+    Ok(tensor)
+}
+
+/// What the import's storage owns: the hand-off, released after `release` when the
+/// storage dies.
+struct ImportOwner {
+    handoff: Handoff,
+    release: Option<Stream>,
+}
+
+/// The storage deleter of imported tensors; called once by PyTorch, on any thread.
+unsafe extern "C" fn release_import(ctx: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `ctx` is the `Box<ImportOwner>` leaked in `view`, given to exactly one
+        // DataPtr (or to this function once on failure).
+        let owner = unsafe { Box::from_raw(ctx as *mut ImportOwner) };
+        let ImportOwner { handoff, release } = *owner;
+        reaper::release_after(release.as_ref(), handoff);
+    }));
+}
+
+pub(crate) fn view(handoff: Handoff, options: &ImportOptions) -> Result<(tch::Tensor, Option<Stream>)> {
+    init();
+    let device = handoff.device();
+    let (device_type, device_index) = match device {
+        Device::Host => (0, -1),
+        Device::Cuda(i) => (1, i32::try_from(i).unwrap_or(i32::MAX)),
+        other => return Err(TorchError::ImportDevice { device: other }.into()),
+    };
+    let dtype = handoff.dtype();
+    let Some(scalar_type) = dtype::from_dlpack(dtype) else {
+        return Err(TorchError::ImportDtype { dtype: handoff_runtime::dtype::name(dtype) }.into());
+    };
+    if let Some((axis, &stride)) = handoff.strides().iter().enumerate().find(|(_, s)| **s < 0) {
+        return Err(TorchError::NegativeStride { axis, stride }.into());
+    }
+    if handoff.is_read_only() && !options.read_only_ok {
+        return Err(TorchError::ReadOnly.into());
+    }
+    let stream = match &options.stream {
+        Some(s) if s.is_host() => None,
+        Some(s) if s.device() != device => {
+            return Err(TorchError::StreamDevice { stream: format!("{s:?}"), device }.into());
+        }
+        Some(s) => Some(s.clone()),
+        None => current_stream(device)?,
+    };
+    // The producer made the data ready on the hand-off's consumer stream; PyTorch
+    // works on `stream`.
+    if let Some(s) = &stream
+        && s != handoff.consumer_stream()
+    {
+        let _: Ready = order(Some(handoff.consumer_stream()), s)?;
+    }
+    let data = handoff.data_ptr() as *mut c_void;
+    let shape = handoff.shape().to_vec();
+    let strides = handoff.strides().to_vec();
+    let ndim = shape.len() as i32;
+    let owner = Box::into_raw(Box::new(ImportOwner { handoff, release: stream.clone() }));
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `data` is the validated first-element address of memory the hand-off
+    // (moved into `owner`) keeps alive; shape and strides hold `ndim` values; `owner`
+    // is consumed by the shim on every path (owned by the storage, or released).
+    let r = unsafe {
+        ffi::hf_from_blob(
+            data,
+            ndim,
+            shape.as_ptr(),
+            strides.as_ptr(),
+            scalar_type,
+            device_type,
+            device_index,
+            owner as *mut c_void,
+            release_import,
+            &mut out,
+        )
+    };
+    ffi::check("from_blob", r)?;
+    // SAFETY: on success `out` is a heap `at::Tensor*` the shim gave up, as tch expects.
+    let tensor = unsafe { tch::Tensor::from_ptr(out as *mut torch_sys::C_tensor) };
+    Ok((tensor, stream))
+}

@@ -1,0 +1,271 @@
+//! [`TorchTensor`]: a `tch::Tensor` with its stream, exported with `recordStream` when
+//! the consumer works on another stream; and [`CurrentStream`], which lets generic
+//! code take and return plain `tch::Tensor`s.
+
+use crate::describe::describe_tensor;
+use crate::error::TorchError;
+use crate::import::{ImportOptions, import, view};
+use crate::{current_stream, ffi, init};
+use handoff_runtime::stats::Counter;
+use handoff_runtime::{
+    Device, Export, Exportable, Handoff, Import, ImportInto, Importable, Release, Result, Stream,
+    StreamOrdered, TensorDesc, stats,
+};
+use std::ffi::c_void;
+
+/// A `tch::Tensor` with the stream its pending work is on: what handoff exports and
+/// imports for PyTorch.
+///
+/// ```
+/// use handoff_runtime::{Export, Stream, StreamOrdered};
+/// use handoff_torch::TorchTensor;
+/// let t = TorchTensor::new(tch::Tensor::arange(6, (tch::Kind::Int64, tch::Device::Cpu))).unwrap();
+/// assert!(t.stream().is_none()); // CPU: host-ordered
+/// let h = t.export(&Stream::host()).unwrap();
+/// let back: TorchTensor = h.import().unwrap();
+/// assert_eq!(back.tensor().size(), [6]);
+/// ```
+pub struct TorchTensor {
+    tensor: tch::Tensor,
+    device: Device,
+    stream: Option<Stream>,
+    /// The description read when wrapping, for an export that follows at once (so
+    /// the tensor is described once per export); taken by the first `describe`.
+    described: std::cell::Cell<Option<TensorDesc<'static>>>,
+    /// Consumers must not write: it came from a `READ_ONLY` hand-off, and its
+    /// exports say so too.
+    read_only: bool,
+}
+
+impl TorchTensor {
+    /// Wraps `tensor`, whose pending work is on PyTorch's current stream of its device
+    /// (read now). Fails for tensors that cannot be exported ([`check`]).
+    pub fn new(tensor: tch::Tensor) -> Result<TorchTensor> {
+        let mut t = TorchTensor::for_export(tensor)?;
+        t.described = Default::default();
+        Ok(t)
+    }
+
+    /// [`new`](Self::new), keeping the description for the export that follows
+    /// immediately (no other code runs on the tensor in between).
+    fn for_export(tensor: tch::Tensor) -> Result<TorchTensor> {
+        init();
+        let described = describe_tensor(&tensor)?;
+        let device = described.device;
+        let stream = current_stream(device)?;
+        Ok(TorchTensor { tensor, device, stream, described: Some(described).into(), read_only: false })
+    }
+
+    /// Wraps `tensor`, whose pending work is on `stream` (a stream of its device).
+    pub fn with_stream(tensor: tch::Tensor, stream: Stream) -> Result<TorchTensor> {
+        init();
+        let device = describe_tensor(&tensor)?.device;
+        if stream.device() != device && !stream.is_host() {
+            return Err(TorchError::StreamDevice { stream: format!("{stream:?}"), device }.into());
+        }
+        let stream = if stream.is_host() { None } else { Some(stream) };
+        Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only: false })
+    }
+
+    /// Views a hand-off with options, keeping its `READ_ONLY` flag (with
+    /// [`ImportOptions::read_only_ok`]): a read-only tensor exports as read-only again.
+    /// A plain `tch::Tensor` ([`import_with`]) cannot carry the flag.
+    ///
+    /// ```
+    /// use handoff_runtime::{Device, Export, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType};
+    /// use handoff_torch::{ImportOptions, TorchTensor};
+    /// let data = vec![1.0f32, 2.0];
+    /// let h = Handoff::with_keep_alive(data, |d| {
+    ///     Ok(TensorDesc::new(d.as_ptr() as *mut _, Device::Host, DataType::F32, &[2][..]).read_only())
+    /// }, &Stream::host(), Ready::Elided, Release::AfterConsumer).unwrap();
+    /// let t = TorchTensor::import_with(h, &ImportOptions::new().read_only_ok()).unwrap();
+    /// assert!(t.is_read_only());
+    /// assert!(t.export(&Stream::host()).unwrap().is_read_only());
+    /// ```
+    pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<TorchTensor> {
+        stats::count(Counter::Imports, 1);
+        let (device, read_only) = (handoff.device(), handoff.is_read_only());
+        let (tensor, stream) = view(handoff, options)?;
+        Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only })
+    }
+
+    /// Whether consumers must not write (it came from a `READ_ONLY` hand-off).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The tensor.
+    pub fn tensor(&self) -> &tch::Tensor {
+        &self.tensor
+    }
+
+    /// The tensor, unwrapped.
+    pub fn into_tensor(self) -> tch::Tensor {
+        self.tensor
+    }
+}
+
+impl std::ops::Deref for TorchTensor {
+    type Target = tch::Tensor;
+    fn deref(&self) -> &tch::Tensor {
+        &self.tensor
+    }
+}
+
+impl std::fmt::Debug for TorchTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TorchTensor")
+            .field("device", &self.device)
+            .field("stream", &self.stream)
+            .field("size", &self.tensor.size())
+            .finish()
+    }
+}
+
+impl StreamOrdered for TorchTensor {
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn stream(&self) -> Option<Stream> {
+        self.stream.clone()
+    }
+}
+
+impl Export for TorchTensor {
+    fn describe(&self) -> Result<TensorDesc<'_>> {
+        let mut desc = match self.described.take() {
+            Some(d) => d,
+            None => describe_tensor(&self.tensor)?,
+        };
+        desc.read_only = self.read_only;
+        Ok(desc)
+    }
+
+    /// Makes the tensor ready on `consumer`; when that is another CUDA stream, tells the
+    /// caching allocator (`recordStream`) so that the block outlives the consumer's
+    /// queued work, or else leaves the release to the reaper.
+    fn export(self, consumer: &Stream) -> Result<Handoff> {
+        // `new` checked the tensor; `describe` (in `with_keep_alive`) reads it again
+        // and refuses it if it changed since (unless it was wrapped for this export).
+        let ready = self.ready_on(consumer)?;
+        // Even on the tensor's own stream: its block may have been allocated on
+        // another stream, where the caching allocator would reuse it at once.
+        let release = release_for(&self, consumer)?;
+        Handoff::with_keep_alive(self, |t| t.describe(), consumer, ready, release)
+    }
+}
+
+/// How a tensor exported to a consumer is released: at once when the caching
+/// allocator was told of the consumer's stream (`recordStream`, a no-op when the
+/// block was allocated there), else after the consumer's queued work (the reaper).
+fn release_for(tensor: &TorchTensor, consumer: &Stream) -> Result<Release> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(ordinal) = tensor.device
+        && let Some((c_ordinal, raw)) = handoff_runtime::cuda::raw_stream(consumer)
+        && c_ordinal == ordinal
+    {
+        let mut recorded = 0i32;
+        // SAFETY: a live `at::Tensor*` and a live stream of its device; the shim
+        // catches every exception.
+        ffi::check("recordStream", unsafe {
+            ffi::hf_cuda_record_stream(
+                tensor.tensor.as_ptr() as *const c_void,
+                ordinal as i32,
+                raw,
+                &mut recorded,
+            )
+        })?;
+        if recorded == 1 {
+            return Ok(Release::Immediately);
+        }
+    }
+    let _ = (tensor, consumer);
+    Ok(Release::AfterConsumer)
+}
+
+/// Hands a PyTorch tensor to a consumer working on `consumer`, without a copy: its
+/// pending work is on PyTorch's current stream of its device (CPU tensors: none).
+/// The hand-off holds a shallow clone, so `tensor` stays usable.
+///
+/// ```
+/// let x = tch::Tensor::zeros([3, 4], (tch::Kind::BFloat16, tch::Device::Cpu));
+/// let h = handoff_torch::export(&x.narrow(1, 1, 2), &handoff_runtime::Stream::host()).unwrap();
+/// assert_eq!(h.data_ptr() as usize, x.data_ptr() as usize + 2);
+/// ```
+pub fn export(tensor: &tch::Tensor, consumer: &Stream) -> Result<Handoff> {
+    TorchTensor::for_export(tensor.shallow_clone())?.export(consumer)
+}
+
+/// Hands a PyTorch tensor whose pending work is on `producer` to a consumer on `consumer`.
+pub fn export_from(tensor: &tch::Tensor, producer: &Stream, consumer: &Stream) -> Result<Handoff> {
+    TorchTensor::with_stream(tensor.shallow_clone(), producer.clone())?.export(consumer)
+}
+
+impl Import for TorchTensor {
+    fn from_handoff(handoff: Handoff) -> Result<TorchTensor> {
+        let device = handoff.device();
+        let (tensor, stream) = view(handoff, &ImportOptions::new())?;
+        Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only: false })
+    }
+}
+
+/// PyTorch's current stream: the context `tch` tensors import into (with
+/// [`transfer_into`](handoff_runtime::transfer_into)), and the marker of this crate's
+/// [`Exportable`] and [`Importable`] impls for `tch::Tensor`, which let generic code
+/// (`handoff::transfer`, an XLA kernel call) take and return plain `tch::Tensor`s.
+///
+/// ```
+/// use handoff_runtime::{Stream, transfer, transfer_into};
+/// use handoff_torch::CurrentStream;
+/// let x = tch::Tensor::from_slice(&[1.0f32, 2.0]);
+/// let y: tch::Tensor = transfer(&x, &Stream::host()).unwrap(); // a view of x's memory
+/// let z: tch::Tensor = transfer_into(&y, &CurrentStream).unwrap();
+/// assert_eq!(z.data_ptr(), x.data_ptr());
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CurrentStream;
+
+/// A borrowed tensor exports a shallow clone: the same memory, on PyTorch's current stream.
+impl Exportable<CurrentStream> for &tch::Tensor {
+    type Value = TorchTensor;
+
+    fn into_exportable(self) -> Result<TorchTensor> {
+        TorchTensor::for_export(self.shallow_clone())
+    }
+}
+
+/// A tensor exports itself, on PyTorch's current stream.
+impl Exportable<CurrentStream> for tch::Tensor {
+    type Value = TorchTensor;
+
+    fn into_exportable(self) -> Result<TorchTensor> {
+        TorchTensor::for_export(self)
+    }
+}
+
+/// A hand-off imports as a plain tensor, as [`import`] does.
+impl Importable<CurrentStream> for tch::Tensor {
+    fn import_handoff(handoff: Handoff) -> Result<tch::Tensor> {
+        Ok(handoff.import::<TorchTensor>()?.into_tensor())
+    }
+}
+
+impl ImportInto<CurrentStream> for tch::Tensor {
+    fn ready_stream(_: &CurrentStream, device: Device) -> Result<Stream> {
+        Ok(current_stream(device)?.unwrap_or_else(Stream::host))
+    }
+
+    fn import_into(handoff: Handoff, _: &CurrentStream) -> Result<tch::Tensor> {
+        import(handoff)
+    }
+}
+
+impl ImportInto<CurrentStream> for TorchTensor {
+    fn ready_stream(_: &CurrentStream, device: Device) -> Result<Stream> {
+        Ok(current_stream(device)?.unwrap_or_else(Stream::host))
+    }
+
+    fn import_into(handoff: Handoff, _: &CurrentStream) -> Result<TorchTensor> {
+        handoff.import()
+    }
+}
