@@ -28,8 +28,7 @@
 //! tensor's extent fits in `isize` and that everything reads back as given.
 
 use arbitrary::{Arbitrary, Unstructured};
-use handoff::dlpark::DlpackFlags;
-use handoff::dlpark::ffi::{
+use handoff::ffi::{DlpackFlags, 
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
     DLPackVersion, DLTensor,
 };

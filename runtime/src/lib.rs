@@ -51,11 +51,20 @@ pub use stream::{Backend, Event, EventPool, RawEvent, RawStream, Stream};
 pub use transfer::{Exportable, ImportInto, Importable, transfer, transfer_into};
 pub use validate::{Access, MAX_NDIM};
 
-/// The DLPack ABI types, re-exported from `dlpark`.
-pub use dlpark;
+/// The DLPack C ABI, for code that passes raw DLPack pointers to
+/// [`Handoff::from_raw`] or takes them from [`Handoff::into_raw`] (the types of the
+/// DLPack header, through `dlpark`).
+pub mod ffi {
+    pub use dlpark::DlpackFlags;
+    pub use dlpark::ffi::{
+        DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
+        DLPackVersion, DLTensor,
+    };
+}
 
 /// What `#[derive(DlpackExchange)]`'s generated code calls. Not public API.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::derive_support::{describe, expect_compact, expect_dtype, received};
+    pub use crate::stats::adapter_counts::*;
 }

@@ -1,9 +1,8 @@
 //! Shared helpers of handoff's integration tests: foreign DLPack tensors built by
 //! hand, with a deleter that counts its calls.
 
-use handoff::dlpark::DlpackFlags;
-use handoff::dlpark::ffi::{
-    DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor,
+use handoff::ffi::{
+    DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor, DlpackFlags,
 };
 use std::ffi::c_void;
 use std::sync::Arc;

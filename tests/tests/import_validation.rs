@@ -1,7 +1,7 @@
 //! Every way a foreign DLPack tensor can be bad: each gets its own error variant,
 //! and the foreign deleter runs exactly once, errors included.
 
-use handoff::dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLPackVersion};
+use handoff::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLPackVersion};
 use handoff::{Access, Error, Handoff, Stream, ValidationError};
 use handoff_tests::Foreign;
 

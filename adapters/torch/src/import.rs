@@ -3,8 +3,7 @@
 
 use crate::error::TorchError;
 use crate::{current_stream, dtype, ffi, init};
-use handoff_runtime::stats::Counter;
-use handoff_runtime::{Device, Handoff, Ready, Result, Stream, order, reaper, stats};
+use handoff_runtime::{Device, Handoff, Ready, Result, Stream, order, reaper};
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -57,7 +56,7 @@ pub fn import(handoff: Handoff) -> Result<tch::Tensor> {
 /// carry `READ_ONLY`: exported again it is writable; use [`TorchTensor::import_with`]
 /// to keep the flag.
 pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<tch::Tensor> {
-    stats::count(Counter::Imports, 1);
+    handoff_runtime::__private::counted_import();
     let (tensor, _) = view(handoff, options)?;
     Ok(tensor)
 }

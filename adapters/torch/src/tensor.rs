@@ -6,10 +6,9 @@ use crate::describe::describe_tensor;
 use crate::error::TorchError;
 use crate::import::{ImportOptions, import, view};
 use crate::{current_stream, ffi, init};
-use handoff_runtime::stats::Counter;
 use handoff_runtime::{
     Device, Export, Exportable, Handoff, Import, ImportInto, Importable, Release, Result, Stream,
-    StreamOrdered, TensorDesc, stats,
+    StreamOrdered, TensorDesc,
 };
 use std::ffi::c_void;
 
@@ -83,7 +82,7 @@ impl TorchTensor {
     /// assert!(t.export(&Stream::host()).unwrap().is_read_only());
     /// ```
     pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<TorchTensor> {
-        stats::count(Counter::Imports, 1);
+        handoff_runtime::__private::counted_import();
         let (device, read_only) = (handoff.device(), handoff.is_read_only());
         let (tensor, stream) = view(handoff, options)?;
         Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only })
