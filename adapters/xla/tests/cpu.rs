@@ -154,7 +154,8 @@ fn bad_programs_and_wrong_inputs_are_clear_errors() {
     assert!(matches!(e, XlaError::InputMismatch { index: 1, what: "dtype", .. }), "{e}");
     assert!(e.to_string().contains("i32[32, 8]"), "{e}");
     let e = exe.execute(&[&a]).unwrap_err();
-    assert!(e.to_string().contains("takes 2 parameters"), "{e}");
+    assert!(matches!(e, XlaError::Arity { what: "inputs", expected: 2, got: 1, .. }), "{e}");
+    assert!(e.to_string().contains("takes 2 inputs, 1 given"), "{e}");
 }
 
 fn host_handoff<K: Send + 'static>(keep: K, ptr: *const f32, shape: &[i64]) -> Handoff {
