@@ -13,7 +13,7 @@
 //! assert!(report.contains("libtorch"));
 //! ```
 
-use crate::registry::{self, Adapter, Probe, ProbeStatus};
+use crate::registry::{self, Adapter, Probe, ProbeStatus, RegistryError};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
@@ -48,6 +48,13 @@ pub fn checks() -> Vec<Probe> {
     for check in CHECKS {
         match registry::find(check.adapter) {
             Ok(adapter) => out.extend(run_probe(adapter)),
+            Err(e @ RegistryError::Ambiguous { .. }) => {
+                // Every one of them is probed: the user has to pick one to unlink.
+                out.push(Probe::not_found(check.subject, e.to_string()));
+                for adapter in registry::list().into_iter().filter(|a| a.name == check.adapter) {
+                    out.extend(run_probe(adapter));
+                }
+            }
             Err(_) => {
                 out.push(Probe::not_checked(
                     check.subject,
@@ -92,12 +99,12 @@ pub fn adapter_lines() -> Vec<String> {
             line
         })
         .collect();
-    for w in adapters.windows(2) {
-        if w[0].name == w[1].name {
-            lines.push(format!(
-                "warning: two adapters are named `{}` ({} and {}); `find` takes either",
-                w[0].name, w[0].version, w[1].version
-            ));
+    // A name registered twice: the warning is the registry's own refusal.
+    let mut names: Vec<&str> = adapters.iter().map(|a| a.name).collect();
+    names.dedup(); // `list` is sorted by name
+    for name in names {
+        if let Err(e @ RegistryError::Ambiguous { .. }) = registry::find(name) {
+            lines.push(format!("warning: {e}"));
         }
     }
     lines

@@ -189,7 +189,7 @@ fn convert_case(w: &World, u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
     };
     let result = registry::convert(boxed, &from, &to, &stream);
     let known = |n: &str| registry::find(n).is_ok();
-    match &result {
+    match result.as_ref().map_err(|e| &e.error) {
         Err(RegistryError::UnknownAdapter { name, known: list }) => {
             let missing = if !known(&from) { &from } else { &to };
             assert_eq!(name, missing);

@@ -5,43 +5,136 @@
 //! keep-alive; a background thread polls the oldest event of each stream (events of
 //! one stream complete in order, so thousands of pending releases cost one query per
 //! stream per sweep) and drops what is done. Nobody waits on the device but
-//! [`flush`], which tests and process exit use, and which counts its host syncs.
+//! [`flush`], [`flush_stream`] and [`drain`], which tests and process exit use, and
+//! which count their host syncs.
+//!
+//! # Faults: never free on error
+//!
+//! Memory that may still be in use is never freed. When the device cannot tell
+//! whether the work before a release is done (recording the release event fails,
+//! querying it fails, a flush's synchronize on it fails and a query does not say
+//! "done" either), the keep-alive is leaked on purpose: never dropped, counted in
+//! [`stats()`](crate::stats())`.releases_leaked` (`Stats::releases_leaked`), and
+//! reported on stderr the first time (later ones are only counted).
+//!
+//! No lock is held while waiting on the device: a flush takes the releases it waits
+//! for out of the queue first and waits without any lock; the background thread only
+//! queries, which never blocks ([`crate::Backend::query`]). So a stream whose work
+//! never completes holds up only the flushes that ask for that stream
+//! ([`flush_stream`] of it, or [`flush`]); the background thread and flushes of other
+//! streams go on.
+//!
+//! # Process exit
+//!
+//! An `atexit` hook (registered when the first release is deferred) does the releases
+//! still queued as their events complete, for at most [`EXIT_DRAIN_TIMEOUT`]; what is
+//! left then is leaked, counted, and reported on stderr in one line, so process exit
+//! never hangs on a device that stopped. [`drain`] is the same with the caller's
+//! deadline. The drain polls (non-blocking queries); it never synchronizes.
+//!
+//! # `fork`
+//!
+//! A child made by `fork` has no reaper thread (threads do not survive `fork`), and
+//! the parent's queue refers to the parent's device memory, which CUDA does not let a
+//! child use. On Unix, a `pthread_atfork` hook (registered with the reaper) marks the
+//! child, and there the reaper releases nothing: the releases the parent had queued
+//! are never done in the child (neither by a flush nor at exit: their keep-alives are
+//! not dropped there), flushes and drains return at once, and new deferred releases
+//! are leaked and counted (`Stats::releases_leaked`). Immediate releases (host
+//! memory, no stream) are unaffected. A child that needs the device must `exec` first,
+//! as CUDA requires anyway. A process whose first deferred release comes after the
+//! `fork` (the parent never deferred one) starts its own reaper as usual.
 
 use crate::stats::{self, Counter};
-use crate::stream::{Event, Stream};
+use crate::stream::{Event, RawStream, Stream};
 use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+/// How long the drain at process exit waits for queued releases before it leaks what
+/// is left (see the [module docs](self)).
+pub const EXIT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 type KeepAlive = Box<dyn Send>;
-type StreamKey = (usize, u64);
+/// A stream's backend, raw handle, and for a thread-relative handle (CUDA's
+/// per-thread default stream) its thread: two threads' such streams are different
+/// streams, and their events must not share one in-order lane.
+type StreamKey = (usize, RawStream, Option<ThreadId>);
+type BatchId = u64;
 
 struct Pending {
     event: Event,
     keep_alive: KeepAlive,
 }
 
+/// The releases queued behind work on one stream.
+struct Lane {
+    /// The stream, for messages.
+    stream: Stream,
+    /// Oldest first: their events complete in this order.
+    queued: VecDeque<Pending>,
+    /// Batches of this lane's releases that a sweep, a flush or a drain has taken out
+    /// of `queued` and not yet done, with their sizes: a flush that finds `queued`
+    /// empty waits for these, since they were queued before it too.
+    taken: Vec<(BatchId, usize)>,
+}
+
 #[derive(Default)]
 struct Queue {
-    by_stream: HashMap<StreamKey, VecDeque<Pending>>,
+    lanes: HashMap<StreamKey, Lane>,
+    next_batch: BatchId,
     shutdown: bool,
+}
+
+impl Queue {
+    fn has_queued(&self) -> bool {
+        self.lanes.values().any(|l| !l.queued.is_empty())
+    }
+
+    /// Registers a batch of `n` releases of `key` taken out of its queue.
+    fn open_batch(&mut self, key: StreamKey, n: usize) -> BatchId {
+        self.next_batch += 1;
+        let id = self.next_batch;
+        if let Some(lane) = self.lanes.get_mut(&key) {
+            lane.taken.push((id, n));
+        }
+        id
+    }
+}
+
+/// A batch of releases taken out of one lane, and what to do with each.
+struct Batch {
+    key: StreamKey,
+    id: BatchId,
+    items: Vec<(Pending, Outcome)>,
+}
+
+enum Outcome {
+    /// The event completed: drop the keep-alive.
+    Release,
+    /// The device could not tell: leak it, and report why if it is the first leak.
+    Leak(String),
+    /// Leak it; the caller reports (the exit drain's one line).
+    LeakQuietly,
 }
 
 struct Reaper {
     queue: Mutex<Queue>,
-    /// Held by whoever is taking releases out of the queue and performing them (the
-    /// reaper thread's sweep, a flush), from taking to done: so that a flush that
-    /// finds a stream's queue empty knows the releases taken before it have happened,
-    /// not merely left the queue. Lock order: `busy`, then `queue`.
-    busy: Mutex<()>,
+    /// Wakes the background thread: a release was queued, or shutdown.
     wake: Condvar,
+    /// Wakes flushes: a batch of taken releases is done.
+    done: Condvar,
     pending: AtomicUsize,
     released: AtomicU64,
 }
 
 static REAPER: OnceLock<Reaper> = OnceLock::new();
+
+/// Set in a child made by `fork` after the reaper started (see the module docs).
+static FORKED: AtomicBool = AtomicBool::new(false);
 
 fn reaper() -> &'static Reaper {
     REAPER.get_or_init(|| {
@@ -52,29 +145,55 @@ fn reaper() -> &'static Reaper {
         // SAFETY: `drain_at_exit` is a plain `extern "C"` function that catches
         // every panic; registering it has no other precondition.
         unsafe { atexit(drain_at_exit) };
+        #[cfg(unix)]
+        // SAFETY: the child handler only stores to an atomic, which is
+        // async-signal-safe as a handler run in a fork child must be; the other two
+        // handlers are null, which `pthread_atfork` allows.
+        unsafe {
+            pthread_atfork(None, None, Some(mark_forked_child))
+        };
         Reaper {
             queue: Mutex::new(Queue::default()),
-            busy: Mutex::new(()),
             wake: Condvar::new(),
+            done: Condvar::new(),
             pending: AtomicUsize::new(0),
             released: AtomicU64::new(0),
         }
     })
 }
 
+/// The reaper, when it was started in this process: not before a `fork`.
+fn live() -> Option<&'static Reaper> {
+    if FORKED.load(Ordering::Relaxed) { None } else { REAPER.get() }
+}
+
+fn lock(r: &Reaper) -> MutexGuard<'_, Queue> {
+    // Nothing panics while holding the lock (keep-alives are dropped outside it and
+    // queries are caught), and the queue is consistent at every unlock anyway.
+    r.queue.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 unsafe extern "C" {
     fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+    #[cfg(unix)]
+    fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> std::ffi::c_int;
+}
+
+#[cfg(unix)]
+extern "C" fn mark_forked_child() {
+    FORKED.store(true, Ordering::Relaxed);
 }
 
 extern "C" fn drain_at_exit() {
     let _ = catch_unwind(|| {
-        flush();
-        if let Some(r) = REAPER.get() {
-            if let Ok(mut q) = r.queue.lock() {
-                q.shutdown = true;
-            }
-            r.wake.notify_all();
-        }
+        let Some(r) = live() else { return };
+        drain(EXIT_DRAIN_TIMEOUT);
+        lock(r).shutdown = true;
+        r.wake.notify_all();
     });
 }
 
@@ -83,9 +202,17 @@ extern "C" fn drain_at_exit() {
 /// behind an event recorded on `after` now.
 ///
 /// Adapters call this when their own memory must outlive a consumer's queued work.
+/// When the event cannot be recorded (or in a child made by `fork`), `keep_alive` is
+/// leaked on purpose and counted (`Stats::releases_leaked`); see the
+/// [module docs](self).
+///
+/// ```
+/// use handoff_runtime::{reaper, Stream};
+/// let memory = vec![0u8; 16];
+/// reaper::release_after(Some(&Stream::host()), memory); // host: dropped at once
+/// ```
 pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
-    let after = after.filter(|s| !s.is_host());
-    let Some(stream) = after else {
+    let Some(stream) = after.filter(|s| !s.is_host()) else {
         stats::count(Counter::ReleasesImmediate, 1);
         // Dropped in place: the immediate path allocates nothing.
         if catch_unwind(AssertUnwindSafe(move || drop(keep_alive))).is_err() {
@@ -93,34 +220,58 @@ pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
         }
         return;
     };
+    if FORKED.load(Ordering::Relaxed) {
+        leak(keep_alive);
+        report_leak(|| {
+            format!(
+                "a release behind {stream:?} was asked for in a child process made by fork, which has no reaper"
+            )
+        });
+        return;
+    }
     match stream.record() {
         Ok(event) => {
             stats::count(Counter::ReleasesDeferred, 1);
             defer(stream, event, Box::new(keep_alive));
         }
         Err(e) => {
-            // Freeing now could hand memory to a new owner while a kernel still reads
-            // it; keeping it is the safe failure.
-            eprintln!("handoff: cannot record a release event on {stream:?} ({e}); the memory is kept");
-            std::mem::forget(keep_alive);
+            leak(keep_alive);
+            report_leak(|| format!("recording a release event on {stream:?} failed ({e})"));
         }
     }
 }
 
 fn defer(stream: &Stream, event: Event, keep_alive: KeepAlive) {
     let r = reaper();
-    let key = stream_key(stream);
-    match r.queue.lock() {
-        Ok(mut q) => {
-            q.by_stream.entry(key).or_default().push_back(Pending { event, keep_alive });
-            r.pending.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(_) => {
-            std::mem::forget(keep_alive);
-            return;
-        }
+    {
+        let mut q = lock(r);
+        let lane = q.lanes.entry(stream_key(stream)).or_insert_with(|| Lane {
+            stream: stream.clone(),
+            queued: VecDeque::new(),
+            taken: Vec::new(),
+        });
+        lane.queued.push_back(Pending { event, keep_alive });
+        r.pending.fetch_add(1, Ordering::Relaxed);
     }
     r.wake.notify_one();
+}
+
+/// Leaks a keep-alive on purpose: its memory may be in use, so it is never dropped.
+fn leak<K>(keep_alive: K) {
+    std::mem::forget(keep_alive);
+    stats::count(Counter::ReleasesLeaked, 1);
+}
+
+/// Says on stderr why memory is leaked, the first time only (the counter has them all).
+fn report_leak(why: impl FnOnce() -> String) {
+    static REPORTED: AtomicBool = AtomicBool::new(false);
+    if !REPORTED.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "handoff: {}; the memory is leaked on purpose, as a kernel may still use it \
+             (further leaks are only counted: stats().releases_leaked)",
+            why()
+        );
+    }
 }
 
 fn drop_quietly(keep_alive: KeepAlive) {
@@ -129,95 +280,298 @@ fn drop_quietly(keep_alive: KeepAlive) {
     }
 }
 
+/// Whether `event` has completed, with a failure or a panic of the backend as text.
+fn query(event: &Event) -> Result<bool, String> {
+    match catch_unwind(AssertUnwindSafe(|| event.query())) {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the backend panicked".into()),
+    }
+}
+
 fn run() {
     let r = reaper();
     let mut backoff = Duration::from_micros(5);
     loop {
         {
-            let Ok(mut q) = r.queue.lock() else { return };
-            while q.by_stream.is_empty() && !q.shutdown {
-                q = match r.wake.wait(q) {
-                    Ok(q) => q,
-                    Err(_) => return,
-                };
+            let mut q = lock(r);
+            while !q.has_queued() && !q.shutdown {
+                q = r.wake.wait(q).unwrap_or_else(|p| p.into_inner());
             }
-            if q.shutdown && q.by_stream.is_empty() {
+            if q.shutdown && !q.has_queued() {
                 return;
             }
         }
-        let mut done = Vec::new();
-        // Held until the releases taken are done (see `Reaper::busy`).
-        let busy = r.busy.lock().unwrap_or_else(|p| p.into_inner());
-        {
-            let Ok(mut q) = r.queue.lock() else { return };
-            q.by_stream.retain(|_, fifo| {
-                // A failed query means the device is gone; nothing runs there any more.
-                while fifo.front().is_some_and(|p| p.event.query().unwrap_or(true)) {
-                    done.extend(fifo.pop_front());
-                }
-                !fifo.is_empty()
-            });
-        }
-        if done.is_empty() {
-            drop(busy);
+        if sweep(r) == 0 {
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_micros(500));
-            continue;
+        } else {
+            backoff = Duration::from_micros(5);
         }
-        backoff = Duration::from_micros(5);
-        finish(r, done);
-        drop(busy);
     }
 }
 
-fn finish(r: &Reaper, done: Vec<Pending>) {
-    let n = done.len();
-    for p in done {
+/// Takes out of the queue, without blocking, every release whose event has completed
+/// (and every one whose query failed, to leak it), and does them. Returns how many
+/// it took.
+fn sweep(r: &Reaper) -> usize {
+    let batches: Vec<Batch> = {
+        let mut q = lock(r);
+        let mut found: Vec<(StreamKey, Vec<(Pending, Outcome)>)> = Vec::new();
+        for (key, lane) in q.lanes.iter_mut() {
+            let mut items = Vec::new();
+            // Only queries run under the lock, and they never block.
+            while let Some(front) = lane.queued.front() {
+                let outcome = match query(&front.event) {
+                    Ok(true) => Outcome::Release,
+                    Ok(false) => break,
+                    Err(e) => Outcome::Leak(format!(
+                        "querying the release event {:?} on {:?} failed ({e})",
+                        front.event, lane.stream
+                    )),
+                };
+                items.extend(lane.queued.pop_front().map(|p| (p, outcome)));
+            }
+            if !items.is_empty() {
+                found.push((*key, items));
+            }
+        }
+        found
+            .into_iter()
+            .map(|(key, items)| Batch { key, id: q.open_batch(key, items.len()), items })
+            .collect()
+    };
+    let n = batches.iter().map(|b| b.items.len()).sum();
+    for b in batches {
+        perform(r, b);
+    }
+    n
+}
+
+/// Does a batch taken out of the queue (with no lock held), then marks it done.
+fn perform(r: &Reaper, batch: Batch) {
+    let n = batch.items.len();
+    let mut released = 0;
+    for (p, outcome) in batch.items {
         drop(p.event);
-        drop_quietly(p.keep_alive);
+        match outcome {
+            Outcome::Release => {
+                drop_quietly(p.keep_alive);
+                released += 1;
+            }
+            Outcome::Leak(why) => {
+                leak(p.keep_alive);
+                report_leak(|| why);
+            }
+            Outcome::LeakQuietly => leak(p.keep_alive),
+        }
     }
     r.pending.fetch_sub(n, Ordering::Relaxed);
-    r.released.fetch_add(n as u64, Ordering::Relaxed);
+    r.released.fetch_add(released, Ordering::Relaxed);
+    {
+        let mut q = lock(r);
+        if let Some(lane) = q.lanes.get_mut(&batch.key) {
+            lane.taken.retain(|&(id, _)| id != batch.id);
+            if lane.queued.is_empty() && lane.taken.is_empty() {
+                q.lanes.remove(&batch.key);
+            }
+        }
+    }
+    r.done.notify_all();
 }
 
 /// Blocks until every release queued before the call has happened, waiting on the
 /// device (one counted host sync per stream with pending releases). For tests and
 /// shutdown; never called on a hand-off path.
+///
+/// A stream whose work never completes makes this wait forever (use [`drain`] for a
+/// bounded wait, or [`flush_stream`] for the streams you expect to finish); it does not
+/// hold up releases on other streams meanwhile. Releases whose wait fails are leaked,
+/// never freed (see the [module docs](self)).
 pub fn flush() {
     flush_where(|_| true)
 }
 
 /// Like [`flush`], for the releases queued behind work on `stream` only.
+///
+/// ```
+/// use handoff_runtime::{mock::Mock, reaper};
+/// let mock = Mock::new();
+/// let (a, b) = (mock.stream(0, "a"), mock.stream(0, "b"));
+/// reaper::release_after(Some(&b), vec![1u8; 4]);
+/// mock.run_until_idle();
+/// reaper::flush_stream(&b);
+/// reaper::flush_stream(&a); // nothing queued there: returns at once
+/// ```
 pub fn flush_stream(stream: &Stream) {
     let key = stream_key(stream);
     flush_where(|k| *k == key)
 }
 
 fn stream_key(stream: &Stream) -> StreamKey {
-    (std::sync::Arc::as_ptr(stream.backend()) as *const () as usize, stream.raw())
+    (std::sync::Arc::as_ptr(stream.backend()) as *const () as usize, stream.raw(), stream.thread())
 }
 
 fn flush_where(select: impl Fn(&StreamKey) -> bool) {
-    let Some(r) = REAPER.get() else { return };
-    // Waits for a sweep of the reaper thread that may hold releases of `select`ed
-    // streams it has taken out of the queue but not yet performed.
-    let _busy = r.busy.lock().unwrap_or_else(|p| p.into_inner());
-    let taken: Vec<VecDeque<Pending>> = match r.queue.lock() {
-        Ok(mut q) => {
-            let keys: Vec<StreamKey> = q.by_stream.keys().filter(|k| select(k)).copied().collect();
-            keys.iter().filter_map(|k| q.by_stream.remove(k)).collect()
+    let Some(r) = live() else { return };
+    // Take what is queued for the selected streams, and note the batches others
+    // (the background thread, another flush, a drain) took before this call.
+    let (mine, others) = {
+        let mut q = lock(r);
+        let keys: Vec<StreamKey> = q.lanes.keys().filter(|k| select(k)).copied().collect();
+        let mut mine = Vec::new();
+        let mut others = Vec::new();
+        for key in keys {
+            let Some(lane) = q.lanes.get_mut(&key) else { continue };
+            others.extend(lane.taken.iter().map(|&(id, _)| (key, id)));
+            if lane.queued.is_empty() {
+                continue;
+            }
+            let items: Vec<Pending> = lane.queued.drain(..).collect();
+            let stream = lane.stream.clone();
+            let id = q.open_batch(key, items.len());
+            mine.push((stream, Batch { key, id, items: Vec::new() }, items));
         }
-        Err(_) => return,
+        (mine, others)
     };
-    for fifo in taken {
-        if let Some(Err(e)) = fifo.back().map(|last| last.event.synchronize()) {
-            eprintln!("handoff: waiting for a release event failed ({e}); releasing anyway");
-        }
-        finish(r, fifo.into_iter().collect());
+    // Wait on the device with no lock held.
+    for (stream, mut batch, items) in mine {
+        batch.items = settle(&stream, items);
+        perform(r, batch);
+    }
+    let mut q = lock(r);
+    while others.iter().any(|(k, id)| q.lanes.get(k).is_some_and(|l| l.taken.iter().any(|t| t.0 == *id))) {
+        q = r.done.wait(q).unwrap_or_else(|p| p.into_inner());
     }
 }
 
-/// How many releases are queued and not yet done.
+/// Waits for the last of one stream's releases (events of a stream complete in
+/// order). When that wait fails, each event is asked instead, and the releases it
+/// does not say are done are leaked.
+fn settle(stream: &Stream, items: Vec<Pending>) -> Vec<(Pending, Outcome)> {
+    let waited = match items.last() {
+        Some(last) => match catch_unwind(AssertUnwindSafe(|| last.event.synchronize())) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("the backend panicked".into()),
+        },
+        None => Ok(()),
+    };
+    match waited {
+        Ok(()) => items.into_iter().map(|p| (p, Outcome::Release)).collect(),
+        Err(e) => items
+            .into_iter()
+            .map(|p| {
+                let outcome = match query(&p.event) {
+                    Ok(true) => Outcome::Release,
+                    Ok(false) => Outcome::Leak(format!(
+                        "waiting for the release event {:?} on {stream:?} failed ({e}), and it has not completed",
+                        p.event
+                    )),
+                    Err(q) => Outcome::Leak(format!(
+                        "waiting for the release event {:?} on {stream:?} failed ({e}), and so did querying it ({q})",
+                        p.event
+                    )),
+                };
+                (p, outcome)
+            })
+            .collect(),
+    }
+}
+
+/// What [`drain`] left undone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drained {
+    /// Releases still queued at the deadline, now leaked on purpose (never dropped;
+    /// counted in `Stats::releases_leaked`).
+    pub leaked: usize,
+    /// Releases another thread had taken out of the queue and was still waiting on at
+    /// the deadline (a [`flush`] of a stream that never completes); left to it.
+    pub in_flight: usize,
+}
+
+impl Drained {
+    /// Whether every release queued before the drain was done.
+    pub fn is_complete(&self) -> bool {
+        *self == Drained::default()
+    }
+}
+
+/// Does the queued releases as their events complete, for at most `timeout`, then
+/// leaks what is left (counted in `Stats::releases_leaked`, reported on stderr in
+/// one line) and returns. Never synchronizes: it polls, and counts one host sync.
+/// Process exit runs this with [`EXIT_DRAIN_TIMEOUT`], so exit never hangs on a device
+/// that stopped.
+///
+/// ```
+/// use std::time::Duration;
+/// let left = handoff_runtime::reaper::drain(Duration::from_millis(100));
+/// assert!(left.is_complete());
+/// ```
+pub fn drain(timeout: Duration) -> Drained {
+    let Some(r) = live() else { return Drained::default() };
+    stats::host_sync(|| {
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Duration::from_micros(5);
+        loop {
+            sweep(r);
+            let busy = {
+                let q = lock(r);
+                q.lanes.values().any(|l| !l.queued.is_empty() || !l.taken.is_empty())
+            };
+            let now = Instant::now();
+            if !busy {
+                return Drained::default();
+            }
+            if now >= deadline {
+                break;
+            }
+            std::thread::sleep(backoff.min(deadline - now));
+            backoff = (backoff * 2).min(Duration::from_millis(1));
+        }
+        // The deadline passed: leak what is still queued.
+        let (batches, in_flight, streams) = {
+            let mut q = lock(r);
+            let mut taken = Vec::new();
+            let mut in_flight = 0;
+            let mut streams = Vec::new();
+            for (key, lane) in q.lanes.iter_mut() {
+                in_flight += lane.taken.iter().map(|t| t.1).sum::<usize>();
+                if !lane.queued.is_empty() {
+                    streams.push(format!("{:?}", lane.stream));
+                    let items: Vec<(Pending, Outcome)> =
+                        lane.queued.drain(..).map(|p| (p, Outcome::LeakQuietly)).collect();
+                    taken.push((*key, items));
+                }
+            }
+            let batches: Vec<Batch> = taken
+                .into_iter()
+                .map(|(key, items)| Batch { key, id: q.open_batch(key, items.len()), items })
+                .collect();
+            (batches, in_flight, streams)
+        };
+        let leaked = batches.iter().map(|b| b.items.len()).sum();
+        for b in batches {
+            perform(r, b);
+        }
+        if leaked > 0 {
+            eprintln!(
+                "handoff: {leaked} release(s) behind {} did not complete within {timeout:?}; their memory is \
+                 leaked on purpose (a kernel may still use it) so that this wait ends",
+                streams.join(", ")
+            );
+        }
+        if in_flight > 0 {
+            eprintln!(
+                "handoff: {in_flight} release(s) are still waited on by another thread (a flush of a stream \
+                 that did not complete within {timeout:?}); left to it"
+            );
+        }
+        Drained { leaked, in_flight }
+    })
+}
+
+/// How many releases are queued and not yet done (nor leaked).
 pub fn pending() -> usize {
     REAPER.get().map_or(0, |r| r.pending.load(Ordering::Relaxed))
 }
@@ -225,4 +579,359 @@ pub fn pending() -> usize {
 /// How many deferred releases have been done since the process started.
 pub fn released() -> u64 {
     REAPER.get().map_or(0, |r| r.released.load(Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+    use crate::error::{Error, Result};
+    use crate::stream::{Backend, EventPool, RawEvent, RawStream};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc;
+    use std::time::Instant;
+
+    /// Events of this stream complete at once.
+    const OK: RawStream = 1;
+    /// Events of this stream complete only once the gate opens; `synchronize` blocks until then.
+    const STUCK: RawStream = 2;
+    /// Queries and synchronizes of events of this stream fail.
+    const QUERY_FAILS: RawStream = 3;
+    /// Records on this stream fail.
+    const RECORD_FAILS: RawStream = 4;
+    /// Events of this stream never complete, and `synchronize` fails at once.
+    const SYNC_FAILS: RawStream = 5;
+
+    #[derive(Default)]
+    struct FakeState {
+        next: RawEvent,
+        recorded_on: HashMap<RawEvent, RawStream>,
+        open: bool,
+        in_sync: usize,
+    }
+
+    /// A device whose streams fail in the ways above.
+    struct Fake {
+        pool: EventPool,
+        state: Mutex<FakeState>,
+        cv: Condvar,
+    }
+
+    impl Fake {
+        fn new() -> Arc<Fake> {
+            Arc::new(Fake { pool: EventPool::new(), state: Mutex::default(), cv: Condvar::new() })
+        }
+        fn stream(self: &Arc<Self>, raw: RawStream) -> Stream {
+            Stream::new(self.clone(), raw)
+        }
+        fn stream_of(&self, event: RawEvent) -> RawStream {
+            self.state.lock().unwrap().recorded_on[&event]
+        }
+        /// Lets the stuck stream complete.
+        fn open(&self) {
+            self.state.lock().unwrap().open = true;
+            self.cv.notify_all();
+        }
+        /// Waits until someone is blocked in `synchronize`.
+        fn wait_for_sync(&self) {
+            let s = self.state.lock().unwrap();
+            let (_s, t) = self.cv.wait_timeout_while(s, Duration::from_secs(5), |s| s.in_sync == 0).unwrap();
+            assert!(!t.timed_out(), "nobody entered synchronize");
+        }
+    }
+
+    fn failed(what: &str) -> Error {
+        Error::Adapter { adapter: "fake", message: format!("{what} failed (injected)") }
+    }
+
+    impl Backend for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn device(&self) -> Device {
+            Device::Mock(77)
+        }
+        fn event_pool(&self) -> &EventPool {
+            &self.pool
+        }
+        fn create_event(&self) -> Result<RawEvent> {
+            let mut s = self.state.lock().unwrap();
+            s.next += 1;
+            Ok(s.next)
+        }
+        fn destroy_event(&self, _: RawEvent) {}
+        fn record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+            if stream == RECORD_FAILS {
+                return Err(failed("record"));
+            }
+            self.state.lock().unwrap().recorded_on.insert(event, stream);
+            Ok(())
+        }
+        fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
+            Ok(())
+        }
+        fn query(&self, event: RawEvent) -> Result<bool> {
+            match self.stream_of(event) {
+                STUCK => Ok(self.state.lock().unwrap().open),
+                QUERY_FAILS => Err(failed("query")),
+                SYNC_FAILS => Ok(false),
+                _ => Ok(true),
+            }
+        }
+        fn synchronize(&self, event: RawEvent) -> Result<()> {
+            match self.stream_of(event) {
+                STUCK => {
+                    let mut s = self.state.lock().unwrap();
+                    s.in_sync += 1;
+                    self.cv.notify_all();
+                    let mut s = self.cv.wait_while(s, |s| !s.open).unwrap();
+                    s.in_sync -= 1;
+                    Ok(())
+                }
+                QUERY_FAILS | SYNC_FAILS => Err(failed("synchronize")),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    /// A keep-alive that says when it is dropped.
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    fn flag() -> (Flag, Arc<AtomicBool>) {
+        let f = Arc::new(AtomicBool::new(false));
+        (Flag(f.clone()), f)
+    }
+
+    /// Opens the gate when the test ends, passing or not, so that no thread stays blocked.
+    struct OpenOnDrop(Arc<Fake>);
+    impl Drop for OpenOnDrop {
+        fn drop(&mut self) {
+            self.0.open();
+        }
+    }
+
+    /// Runs `f` on a thread and says whether it returned within `limit`.
+    fn returns_within(limit: Duration, f: impl FnOnce() + Send + 'static) -> bool {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(limit).is_ok()
+    }
+
+    fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        f()
+    }
+
+    /// Tests that leak on purpose run one at a time, so that counts are exact.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn a_stream_that_never_completes_holds_up_no_other_stream() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let fake = Fake::new();
+        let _open = OpenOnDrop(fake.clone());
+        let (stuck, ok) = (fake.stream(STUCK), fake.stream(OK));
+        let (k_stuck, stuck_dropped) = flag();
+        release_after(Some(&stuck), k_stuck);
+        // Someone flushes the stuck stream and blocks on the device.
+        let flusher = {
+            let stuck = stuck.clone();
+            std::thread::spawn(move || flush_stream(&stuck))
+        };
+        fake.wait_for_sync();
+
+        // A flush of another stream completes meanwhile.
+        let (k_ok, ok_dropped) = flag();
+        release_after(Some(&ok), k_ok);
+        let ok2 = ok.clone();
+        assert!(
+            returns_within(Duration::from_secs(2), move || flush_stream(&ok2)),
+            "flush_stream(ok) did not return within 2 s while another thread waits on a stuck stream"
+        );
+        assert!(ok_dropped.load(Ordering::SeqCst));
+        // And the reaper thread keeps releasing without any flush.
+        let (k_ok, ok_dropped) = flag();
+        release_after(Some(&ok), k_ok);
+        assert!(
+            eventually(Duration::from_secs(2), || ok_dropped.load(Ordering::SeqCst)),
+            "the reaper thread released nothing within 2 s while a flush waits on a stuck stream"
+        );
+        assert!(!stuck_dropped.load(Ordering::SeqCst), "released before its stream completed");
+
+        fake.open();
+        flusher.join().unwrap();
+        assert!(stuck_dropped.load(Ordering::SeqCst));
+    }
+
+    /// The background thread takes completed releases out of the queue and does them
+    /// after unlocking it; a flush arriving in between must wait for them.
+    #[test]
+    fn a_flush_returns_only_once_the_releases_before_it_are_done() {
+        struct Slow(Arc<AtomicUsize>);
+        impl Drop for Slow {
+            fn drop(&mut self) {
+                std::thread::sleep(Duration::from_micros(20));
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let fake = Fake::new();
+        let ok = fake.stream(OK);
+        let dropped = Arc::new(AtomicUsize::new(0));
+        for i in 1..=500 {
+            release_after(Some(&ok), Slow(dropped.clone()));
+            if i % 3 == 0 {
+                // Let the background thread take some.
+                std::thread::sleep(Duration::from_micros(10));
+            }
+            flush_stream(&ok);
+            assert_eq!(
+                dropped.load(Ordering::SeqCst),
+                i,
+                "flush_stream returned before release {i} was done"
+            );
+        }
+    }
+
+    #[test]
+    fn the_exit_drain_returns_within_its_bound_and_leaks_what_is_left() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let fake = Fake::new();
+        let _open = OpenOnDrop(fake.clone());
+        let (k_stuck, stuck_dropped) = flag();
+        release_after(Some(&fake.stream(STUCK)), k_stuck);
+        let (k_ok, ok_dropped) = flag();
+        release_after(Some(&fake.stream(OK)), k_ok);
+
+        let leaked0 = crate::stats().releases_leaked;
+        let t0 = Instant::now();
+        let (tx, rx) = mpsc::channel();
+        assert!(
+            returns_within(Duration::from_secs(3), move || {
+                let _ = tx.send(drain(Duration::from_millis(200)));
+            }),
+            "drain(200 ms) did not return within 3 s with a stream that never completes"
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(200), "gave up before its deadline");
+        assert_eq!(rx.recv().unwrap(), Drained { leaked: 1, in_flight: 0 });
+        assert_eq!(crate::stats().releases_leaked - leaked0, 1, "the leak is counted");
+        assert!(ok_dropped.load(Ordering::SeqCst), "a completed release was not done by the drain");
+        assert!(!stuck_dropped.load(Ordering::SeqCst), "released before its stream completed");
+        fake.open();
+        assert!(drain(Duration::from_millis(100)).is_complete(), "the leaked release left the queue");
+        assert!(!stuck_dropped.load(Ordering::SeqCst), "a leaked keep-alive is never dropped");
+    }
+
+    #[test]
+    fn a_failed_query_keeps_the_keep_alive() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let fake = Fake::new();
+        let (pending0, leaked0) = (pending(), crate::stats().releases_leaked);
+        let (k, dropped) = flag();
+        release_after(Some(&fake.stream(QUERY_FAILS)), k);
+        // The reaper thread queries, and must not free on error.
+        assert!(eventually(Duration::from_secs(2), || pending() == pending0), "never taken out of the queue");
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the keep-alive was dropped although its event query failed"
+        );
+        assert_eq!(crate::stats().releases_leaked - leaked0, 1, "the leak is counted");
+    }
+
+    #[test]
+    fn a_failed_synchronize_in_a_flush_keeps_the_keep_alive() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let fake = Fake::new();
+        let s = fake.stream(SYNC_FAILS);
+        let (k, dropped) = flag();
+        let leaked0 = crate::stats().releases_leaked;
+        release_after(Some(&s), k);
+        let ((), d) = crate::stats::measure(|| flush_stream(&s));
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "flush dropped the keep-alive although waiting for its event failed"
+        );
+        assert_eq!(d.host_syncs, 1);
+        assert_eq!(crate::stats().releases_leaked - leaked0, 1, "the leak is counted");
+    }
+
+    #[test]
+    fn a_failed_record_keeps_the_keep_alive() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let fake = Fake::new();
+        let (k, dropped) = flag();
+        let ((), d) = crate::stats::measure(|| release_after(Some(&fake.stream(RECORD_FAILS)), k));
+        assert!(!dropped.load(Ordering::SeqCst));
+        assert_eq!((d.releases_leaked, d.releases_deferred), (1, 0));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_forked_child_releases_nothing() {
+        unsafe extern "C" {
+            fn fork() -> i32;
+            fn waitpid(pid: i32, status: *mut i32, options: i32) -> i32;
+            fn _exit(code: i32) -> !;
+        }
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let fake = Fake::new();
+        let ok = fake.stream(OK);
+        // The parent's reaper runs before the fork.
+        let (k, dropped) = flag();
+        release_after(Some(&ok), k);
+        flush_stream(&ok);
+        assert!(dropped.load(Ordering::SeqCst));
+
+        // SAFETY: the child only touches atomics, its own stack and heap (glibc's fork
+        // makes malloc usable in the child) and the reaper's fork-child paths, which
+        // take no lock, then leaves with `_exit`, running no exit handler.
+        let pid = unsafe { fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let (k, dropped) = flag();
+            let leaked0 = crate::stats().releases_leaked;
+            release_after(Some(&ok), k);
+            flush();
+            let left = drain(Duration::from_secs(1));
+            let code = if dropped.load(Ordering::SeqCst) {
+                1
+            } else if crate::stats().releases_leaked != leaked0 + 1 {
+                2
+            } else if !left.is_complete() {
+                3
+            } else {
+                0
+            };
+            // SAFETY: ends the child at once, as a fork child of a threaded process must.
+            unsafe { _exit(code) }
+        }
+        let mut status = -1;
+        // SAFETY: `pid` is our child; `status` is a valid place for its status.
+        let waited = unsafe { waitpid(pid, &mut status, 0) };
+        assert_eq!(waited, pid);
+        assert_eq!(
+            status >> 8,
+            0,
+            "in the child (raw status {status:#x}): 1 = a keep-alive was dropped, 2 = the leak was not counted, \
+             3 = the drain saw the parent's queue"
+        );
+        // The parent's reaper is unaffected.
+        let (k, dropped) = flag();
+        release_after(Some(&ok), k);
+        flush_stream(&ok);
+        assert!(dropped.load(Ordering::SeqCst));
+    }
 }

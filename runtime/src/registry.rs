@@ -50,6 +50,27 @@
 //! let y: Box<MockTensor> = y.downcast().unwrap();
 //! assert_eq!(y.stream(), &b);
 //! ```
+//!
+//! # Errors
+//!
+//! [`find`] refuses a name no adapter has ([`RegistryError::UnknownAdapter`]) and a
+//! name two adapters have ([`RegistryError::Ambiguous`]: two versions of one adapter
+//! crate linked into one program; `handoff doctor` lists them). [`convert`] and
+//! [`convert_into`] fail with a [`ConvertError`]: the [`RegistryError`] to match on,
+//! in its public `error` field, and the caller's value given back whenever the
+//! conversion was refused before anything was exported (wrong name, type, context,
+//! device or dtype):
+//!
+//! ```
+//! use handoff_runtime::{mock::{Mock, MockTensor}, registry::{self, RegistryError}};
+//! let mock = Mock::new();
+//! let s = mock.stream(0, "s");
+//! let x = mock.tensor_f32(&s, "x", &[2], &[1.0, 2.0]);
+//! let err = registry::convert(Box::new(x), "mock", "nope", &s).unwrap_err();
+//! assert!(matches!(err.error, RegistryError::UnknownAdapter { .. }));
+//! let x: Box<MockTensor> = err.into_value().unwrap().downcast().unwrap(); // not lost
+//! assert_eq!(x.shape(), &[2]);
+//! ```
 
 use crate::device::Device;
 use crate::dtype::{self, DataType};
@@ -59,6 +80,7 @@ use crate::stream::Stream;
 use crate::transfer::ImportInto;
 use std::any::{Any, TypeId};
 use std::fmt;
+use std::sync::Mutex;
 
 pub use inventory::submit;
 
@@ -338,21 +360,31 @@ impl Adapter {
     /// # Errors
     /// [`RegistryError::CannotExport`], [`RegistryError::WrongType`],
     /// [`RegistryError::UnsupportedDevice`] / [`RegistryError::UnsupportedDtype`]
-    /// when the value is one the adapter does not take, or
-    /// [`RegistryError::Failed`] with the adapter's own error.
-    pub fn export(&self, value: Erased, consumer: &Stream) -> Result<Handoff, RegistryError> {
+    /// when the value is one the adapter does not take (the value is given back in
+    /// the [`ConvertError`]), or [`RegistryError::Failed`] with the adapter's own
+    /// error (the value was consumed by the export).
+    pub fn export(&self, value: Erased, consumer: &Stream) -> Result<Handoff, ConvertError> {
+        let entry = match self.export_entry(&*value) {
+            Ok(entry) => entry,
+            Err(error) => return Err(ConvertError::refused(error, value)),
+        };
+        if let Some((device, dtype)) = (entry.inspect)(&*value)
+            && let Err(error) = self.check(device, dtype)
+        {
+            return Err(ConvertError::refused(error, value));
+        }
+        (entry.export)(value, consumer).map_err(|source| {
+            ConvertError::consumed(RegistryError::Failed { adapter: self.name, step: "export", source })
+        })
+    }
+
+    /// The export entry, when it takes `value`'s type.
+    fn export_entry(&self, value: &(dyn Any + Send)) -> Result<ExportEntry, RegistryError> {
         let entry = self.export.ok_or(RegistryError::CannotExport { adapter: self.name })?;
-        if (*value).type_id() != (entry.type_id)() {
+        if value.type_id() != (entry.type_id)() {
             return Err(RegistryError::WrongType { adapter: self.name, expected: (entry.type_name)() });
         }
-        if let Some((device, dtype)) = (entry.inspect)(&*value) {
-            self.check(device, dtype)?;
-        }
-        (entry.export)(value, consumer).map_err(|source| RegistryError::Failed {
-            adapter: self.name,
-            step: "export",
-            source,
-        })
+        Ok(entry)
     }
 
     /// Imports `handoff` as the adapter's import type, boxed, into `ctx` (a
@@ -481,6 +513,22 @@ pub enum RegistryError {
         /// The names registered.
         known: String,
     },
+    /// Two or more adapters are registered under one name (two versions of one
+    /// adapter crate linked into the program, or two crates that chose one name):
+    /// [`find`] and [`convert`] refuse to pick one by link order.
+    #[error(
+        "{} adapters are registered as `{name}` ({candidates}); `find` and `convert` take none of them: \
+         link only one (`cargo tree -i <adapter crate>` shows who pulls in each; `handoff doctor` lists them)",
+        versions.len()
+    )]
+    Ambiguous {
+        /// The name asked for.
+        name: String,
+        /// The versions registered under it, sorted.
+        versions: Vec<&'static str>,
+        /// Each of them with the types it exports and imports.
+        candidates: String,
+    },
     /// The adapter does not export.
     #[error("adapter `{adapter}` cannot export (it only imports); convert from an adapter that exports")]
     CannotExport {
@@ -542,12 +590,108 @@ pub enum RegistryError {
     Failed {
         /// The adapter.
         adapter: &'static str,
-        /// `export` or `import`.
+        /// `export` or `import` (the value was consumed), or, before any export
+        /// (the value is given back, see [`ConvertError`]), `describe` (the export
+        /// type could not describe the value) or `pick a stream` (the import context
+        /// named no stream for the value's device).
         step: &'static str,
         /// Its error.
         #[source]
         source: Error,
     },
+}
+
+/// Why [`convert`], [`convert_into`] or [`Adapter::export`] failed: the
+/// [`RegistryError`] (match on the public `error` field), and the caller's value,
+/// given back when the call was refused before anything was exported — an unknown or
+/// ambiguous name, an adapter that cannot export or import, a value of another type,
+/// a context of another type, a device or dtype an adapter does not take, a value
+/// that cannot be described, or an import context that names no stream. Once the
+/// export ran (an export or import failure, [`RegistryError::Failed`] with step
+/// `export` or `import`), the value is gone: the export consumed it, and what it
+/// became was released.
+///
+/// It displays as its `error`, converts into it (`?` in a function returning
+/// `RegistryError`), and is `Send + Sync`, so it also converts into
+/// `Box<dyn Error + Send + Sync>`.
+///
+/// ```
+/// use handoff_runtime::{mock::Mock, registry::{self, RegistryError}};
+/// let mock = Mock::new();
+/// let s = mock.stream(0, "s");
+/// let err = registry::convert(Box::new(7u8), "mock", "mock", &s).unwrap_err();
+/// assert!(matches!(err.error, RegistryError::WrongType { adapter: "mock", .. }), "{err}");
+/// assert!(err.has_value());
+/// assert_eq!(*err.into_value().unwrap().downcast::<u8>().unwrap(), 7);
+/// ```
+pub struct ConvertError {
+    /// Why.
+    pub error: RegistryError,
+    /// The caller's value, when no export happened. In a `Mutex` only so that the
+    /// error is `Sync`, as error types are expected to be (it is never locked: only
+    /// `&mut self` and `self` reach it), and boxed to keep the error small.
+    value: Option<Box<Mutex<Erased>>>,
+}
+
+impl ConvertError {
+    /// A refusal before any export: `value` goes back to the caller.
+    pub fn refused(error: RegistryError, value: Erased) -> ConvertError {
+        ConvertError { error, value: Some(Box::new(Mutex::new(value))) }
+    }
+
+    /// A failure after the export took the value.
+    pub fn consumed(error: RegistryError) -> ConvertError {
+        ConvertError { error, value: None }
+    }
+
+    /// Whether the caller's value is given back.
+    pub fn has_value(&self) -> bool {
+        self.value.is_some()
+    }
+
+    /// Takes the caller's value back, when no export happened (see the type's docs);
+    /// the error stays.
+    pub fn take_value(&mut self) -> Option<Erased> {
+        self.value.take().map(|v| v.into_inner().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The caller's value, when no export happened (see the type's docs).
+    pub fn into_value(self) -> Option<Erased> {
+        self.into_parts().1
+    }
+
+    /// The error and the caller's value.
+    pub fn into_parts(mut self) -> (RegistryError, Option<Erased>) {
+        let value = self.take_value();
+        (self.error, value)
+    }
+}
+
+impl From<ConvertError> for RegistryError {
+    fn from(e: ConvertError) -> RegistryError {
+        e.error
+    }
+}
+
+impl fmt::Display for ConvertError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl fmt::Debug for ConvertError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConvertError")
+            .field("error", &self.error)
+            .field("value", &if self.has_value() { "given back" } else { "consumed" })
+            .finish()
+    }
+}
+
+impl std::error::Error for ConvertError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
 }
 
 fn join(items: impl Iterator<Item = String>) -> String {
@@ -570,7 +714,9 @@ pub fn list() -> Vec<&'static Adapter> {
 /// The adapter registered as `name`.
 ///
 /// # Errors
-/// [`RegistryError::UnknownAdapter`], which lists the names registered.
+/// [`RegistryError::UnknownAdapter`], which lists the names registered;
+/// [`RegistryError::Ambiguous`] when more than one adapter is registered as `name`
+/// (it lists their versions and types): the registry never picks one by link order.
 ///
 /// ```
 /// let mock = handoff_runtime::registry::find("mock").unwrap();
@@ -578,9 +724,31 @@ pub fn list() -> Vec<&'static Adapter> {
 /// assert!(handoff_runtime::registry::find("nope").is_err());
 /// ```
 pub fn find(name: &str) -> Result<&'static Adapter, RegistryError> {
-    inventory::iter::<Adapter>.into_iter().find(|a| a.name == name).ok_or_else(|| {
-        RegistryError::UnknownAdapter { name: name.into(), known: join(list().iter().map(|a| a.name.into())) }
-    })
+    let mut found: Vec<&'static Adapter> =
+        inventory::iter::<Adapter>.into_iter().filter(|a| a.name == name).collect();
+    match found.len() {
+        1 => Ok(found[0]),
+        0 => Err(RegistryError::UnknownAdapter {
+            name: name.into(),
+            known: join(list().iter().map(|a| a.name.into())),
+        }),
+        _ => {
+            found.sort_by(|a, b| a.version.cmp(b.version));
+            Err(RegistryError::Ambiguous {
+                name: name.into(),
+                versions: found.iter().map(|a| a.version).collect(),
+                candidates: found
+                    .iter()
+                    .map(|a| {
+                        let export = a.export.map_or("nothing".into(), |e| format!("`{}`", (e.type_name)()));
+                        let import = a.import.map_or("nothing".into(), |e| format!("`{}`", (e.type_name)()));
+                        format!("{} {} exporting {export} and importing {import}", a.name, a.version)
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            })
+        }
+    }
 }
 
 /// Converts `value` (a `Box` of adapter `from`'s tensor type) into adapter `to`'s
@@ -590,18 +758,20 @@ pub fn find(name: &str) -> Result<&'static Adapter, RegistryError> {
 /// [`convert_into`].
 ///
 /// # Errors
-/// [`RegistryError::UnknownAdapter`] for either name; [`RegistryError::CannotExport`] /
+/// A [`ConvertError`], whose `error` is: [`RegistryError::UnknownAdapter`] or
+/// [`RegistryError::Ambiguous`] for either name; [`RegistryError::CannotExport`] /
 /// [`RegistryError::CannotImport`]; [`RegistryError::WrongType`];
 /// [`RegistryError::WrongContext`] when `to` imports into a context;
 /// [`RegistryError::UnsupportedDevice`] / [`RegistryError::UnsupportedDtype`] when
 /// either adapter does not take the value's device or dtype (checked before any
-/// device work); [`RegistryError::Failed`].
+/// device work); [`RegistryError::Failed`]. For all but `Failed` with step `export`
+/// or `import`, the error gives `value` back ([`ConvertError::into_value`]).
 pub fn convert(
     value: Erased,
     from: &str,
     to: &str,
     consumer_stream: &Stream,
-) -> Result<Erased, RegistryError> {
+) -> Result<Erased, ConvertError> {
     convert_into(value, from, to, consumer_stream)
 }
 
@@ -623,15 +793,29 @@ pub fn convert(
 /// ```
 ///
 /// # Errors
-/// As [`convert`]; [`RegistryError::WrongContext`] when `ctx` is not `to`'s context type.
-pub fn convert_into(value: Erased, from: &str, to: &str, ctx: &dyn Any) -> Result<Erased, RegistryError> {
+/// As [`convert`]; [`RegistryError::WrongContext`] when `ctx` is not `to`'s context
+/// type (the value is given back).
+pub fn convert_into(value: Erased, from: &str, to: &str, ctx: &dyn Any) -> Result<Erased, ConvertError> {
+    let (from, export, to, stream) = match prepare(&*value, from, to, ctx) {
+        Ok(prepared) => prepared,
+        Err(error) => return Err(ConvertError::refused(error, value)),
+    };
+    // From here on the value is the export's.
+    let handoff = (export.export)(value, &stream).map_err(|source| {
+        ConvertError::consumed(RegistryError::Failed { adapter: from.name, step: "export", source })
+    })?;
+    to.import(handoff, ctx).map_err(ConvertError::consumed)
+}
+
+type Prepared = (&'static Adapter, ExportEntry, &'static Adapter, Stream);
+
+/// Everything [`convert_into`] checks before the export takes the value: both names,
+/// the context, the value's type, device and dtype, and the stream to export to.
+fn prepare(value: &(dyn Any + Send), from: &str, to: &str, ctx: &dyn Any) -> Result<Prepared, RegistryError> {
     let (from, to) = (find(from)?, find(to)?);
     let entry = to.import_entry(ctx)?;
-    let export = from.export.ok_or(RegistryError::CannotExport { adapter: from.name })?;
-    if (*value).type_id() != (export.type_id)() {
-        return Err(RegistryError::WrongType { adapter: from.name, expected: (export.type_name)() });
-    }
-    let Some((device, dtype)) = (export.inspect)(&*value) else {
+    let export = from.export_entry(value)?;
+    let Some((device, dtype)) = (export.inspect)(value) else {
         return Err(RegistryError::Failed {
             adapter: from.name,
             step: "describe",
@@ -645,15 +829,10 @@ pub fn convert_into(value: Erased, from: &str, to: &str, ctx: &dyn Any) -> Resul
     to.check(device, dtype)?;
     let stream = (entry.ready_stream)(ctx, device).map_err(|source| RegistryError::Failed {
         adapter: to.name,
-        step: "import",
+        step: "pick a stream",
         source,
     })?;
-    let handoff = (export.export)(value, &stream).map_err(|source| RegistryError::Failed {
-        adapter: from.name,
-        step: "export",
-        source,
-    })?;
-    to.import(handoff, ctx)
+    Ok((from, export, to, stream))
 }
 
 submit! {
@@ -686,9 +865,134 @@ mod tests {
         let m = Mock::new();
         let s = m.stream(0, "s");
         let err = convert(Box::new(5u32), "mock", "mock", &s).unwrap_err();
-        assert!(matches!(err, RegistryError::WrongType { adapter: "mock", .. }), "{err}");
+        assert!(matches!(err.error, RegistryError::WrongType { adapter: "mock", .. }), "{err}");
         let x = m.tensor_f32(&s, "x", &[1], &[1.0]);
         let y = convert(Box::new(x), "mock", "mock", &s).unwrap();
         assert!(y.downcast::<MockTensor>().is_ok());
+    }
+}
+
+#[cfg(test)]
+mod refusals {
+    use super::*;
+    use crate::mock::{Mock, MockTensor};
+
+    submit! {
+        Adapter::new("unit-twice", "1.0.0").devices(&[DeviceKind::Mock]).dtypes(dtype::ALL).exports::<MockTensor>()
+    }
+    submit! {
+        Adapter::new("unit-twice", "2.0.0").devices(&[DeviceKind::Mock]).dtypes(dtype::ALL).imports::<MockTensor>()
+    }
+
+    submit! {
+        Adapter::new("unit-host", "1.0.0").devices(&[DeviceKind::Host]).dtypes(dtype::ALL).imports::<MockTensor>()
+    }
+    submit! {
+        Adapter::new("unit-f64", "1.0.0").devices(&[DeviceKind::Mock]).dtypes(&[DataType::F64]).imports::<MockTensor>()
+    }
+
+    #[test]
+    fn a_name_registered_twice_is_refused_naming_both() {
+        let err = find("unit-twice").unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(&err, RegistryError::Ambiguous { name, versions, .. }
+                if name == "unit-twice" && versions == &["1.0.0", "2.0.0"]),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("unit-twice 1.0.0 exporting `handoff_runtime::mock::tensor::MockTensor`"),
+            "{msg}"
+        );
+        assert!(msg.contains("2.0.0 exporting nothing and importing"), "{msg}");
+        // Both are still listed (for `handoff doctor`).
+        assert_eq!(list().iter().filter(|a| a.name == "unit-twice").count(), 2);
+    }
+
+    /// Every refusal before the export gives the value back, untouched.
+    #[test]
+    fn a_refused_convert_gives_the_value_back() {
+        let m = Mock::new();
+        let s = m.stream(0, "s");
+        type Case<'a> = (&'a str, &'a str, &'a dyn Any, fn(&RegistryError) -> bool);
+        let cases: [Case<'_>; 5] = [
+            ("mock", "nope", &s, |e| matches!(e, RegistryError::UnknownAdapter { .. })),
+            ("unit-twice", "mock", &s, |e| matches!(e, RegistryError::Ambiguous { .. })),
+            ("mock", "mock", &5u32, |e| matches!(e, RegistryError::WrongContext { adapter: "mock", .. })),
+            ("mock", "unit-host", &s, |e| {
+                matches!(e, RegistryError::UnsupportedDevice { adapter: "unit-host", .. })
+            }),
+            ("mock", "unit-f64", &s, |e| {
+                matches!(e, RegistryError::UnsupportedDtype { adapter: "unit-f64", .. })
+            }),
+        ];
+        for (from, to, ctx, expected) in cases {
+            let x = m.tensor_f32(&s, "x", &[2], &[1.0, 2.0]);
+            let (buffer, ptr) = (x.buffer(), x.data_ptr());
+            let (err, delta) =
+                crate::stats::measure(|| convert_into(Box::new(x), from, to, ctx).unwrap_err());
+            assert!(expected(&err.error), "{from} -> {to}: {err}");
+            assert_eq!(delta.exports, 0, "{from} -> {to}: refused before any export");
+            let back: Box<MockTensor> = err.into_value().expect("given back").downcast().unwrap();
+            assert_eq!((back.buffer(), back.data_ptr()), (buffer, ptr));
+            drop(back);
+            m.synchronize();
+            assert!(m.is_released(buffer));
+        }
+        let err = convert(Box::new(5u32), "mock", "mock", &s).unwrap_err();
+        assert_eq!(*err.into_value().unwrap().downcast::<u32>().unwrap(), 5);
+        // Once exported, the value is gone: a mock tensor does not import on the host.
+        let x = m.tensor_f32(&s, "x", &[2], &[1.0, 2.0]);
+        let (err, delta) =
+            crate::stats::measure(|| convert(Box::new(x), "mock", "mock", &Stream::host()).unwrap_err());
+        assert!(matches!(err.error, RegistryError::Failed { adapter: "mock", step: "import", .. }), "{err}");
+        assert_eq!(delta.exports, 1);
+        assert!(!err.has_value());
+    }
+
+    #[test]
+    fn adapter_export_gives_a_refused_value_back() {
+        let err = find("mock").unwrap().export(Box::new("text"), &Stream::host()).unwrap_err();
+        assert!(matches!(err.error, RegistryError::WrongType { adapter: "mock", .. }), "{err}");
+        let mut err = err;
+        assert!(err.has_value());
+        assert_eq!(*err.take_value().unwrap().downcast::<&str>().unwrap(), "text");
+        assert!(!err.has_value());
+        // The error converts into a plain `RegistryError` and a boxed `Send + Sync` error.
+        let boxed: Box<dyn std::error::Error + Send + Sync> = err.into();
+        assert!(boxed.to_string().contains("adapter `mock` exports"), "{boxed}");
+    }
+
+    /// The mock adapter advertises every dtype: its import takes every one.
+    #[test]
+    fn the_mock_imports_every_dtype_it_advertises() {
+        struct Retyped(MockTensor, DataType);
+        impl crate::StreamOrdered for Retyped {
+            fn device(&self) -> Device {
+                crate::StreamOrdered::device(&self.0)
+            }
+            fn stream(&self) -> Option<Stream> {
+                Some(self.0.stream().clone())
+            }
+        }
+        impl Export for Retyped {
+            fn describe(&self) -> Result<crate::TensorDesc<'_>> {
+                Ok(crate::TensorDesc::new(
+                    self.0.data_ptr().cast(),
+                    crate::StreamOrdered::device(&self.0),
+                    self.1,
+                    &[1i64][..],
+                ))
+            }
+        }
+        let m = Mock::new();
+        let s = m.stream(0, "s");
+        let mock = find("mock").unwrap();
+        let entry = mock.import.unwrap();
+        for &dtype in mock.dtypes {
+            let h = Retyped(m.tensor_f32(&s, "x", &[4], &[0.0; 4]), dtype).export(&s).unwrap();
+            let t = (entry.import)(h, &s).unwrap_or_else(|e| panic!("{}: {e}", dtype::name(dtype)));
+            assert!(t.is::<MockTensor>());
+        }
     }
 }

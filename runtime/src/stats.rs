@@ -15,10 +15,9 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What is counted.
-#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
-pub enum Counter {
+pub(crate) enum Counter {
     /// Values exported into a [`crate::Handoff`].
     Exports,
     /// Hand-offs taken in by a consumer (including foreign DLPack imports).
@@ -41,9 +40,15 @@ pub enum Counter {
     ReleasesImmediate,
     /// Keep-alives handed to the reaper behind an event.
     ReleasesDeferred,
+    /// Keep-alives leaked on purpose, never dropped: the device could not say whether
+    /// work using their memory was done (a failed event record, query or
+    /// synchronize), the exit drain's deadline passed, or the release was asked for in
+    /// a forked child. Freeing such memory could hand it to a new owner while a kernel
+    /// still uses it; leaking it is the safe failure. See [`crate::reaper`].
+    ReleasesLeaked,
 }
 
-const N: usize = Counter::ReleasesDeferred as usize + 1;
+const N: usize = Counter::ReleasesLeaked as usize + 1;
 
 static GLOBAL: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 
@@ -51,10 +56,10 @@ thread_local! {
     static LOCAL: [Cell<u64>; N] = const { [const { Cell::new(0) }; N] };
 }
 
-/// Adds `n` to a counter, process-wide and on this thread.
-#[doc(hidden)]
+/// Adds `n` to a counter, process-wide and on this thread. Only the runtime counts;
+/// adapters reach the few counts they need through named functions (`adapter_counts`).
 #[inline]
-pub fn count(counter: Counter, n: u64) {
+pub(crate) fn count(counter: Counter, n: u64) {
     GLOBAL[counter as usize].fetch_add(n, Ordering::Relaxed);
     // A thread being torn down has no locals any more; the global count is kept.
     let _ = LOCAL.try_with(|l| {
@@ -74,28 +79,30 @@ pub fn host_sync<R>(f: impl FnOnce() -> R) -> R {
 /// A snapshot of the counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// See [`Counter::Exports`].
+    /// See `Exports`.
     pub exports: u64,
-    /// See [`Counter::Imports`].
+    /// See `Imports`.
     pub imports: u64,
-    /// See [`Counter::HostSyncs`].
+    /// See `HostSyncs`.
     pub host_syncs: u64,
-    /// See [`Counter::EventsCreated`].
+    /// See `EventsCreated`.
     pub events_created: u64,
-    /// See [`Counter::EventsRecorded`].
+    /// See `EventsRecorded`.
     pub events_recorded: u64,
-    /// See [`Counter::WaitsEnqueued`].
+    /// See `WaitsEnqueued`.
     pub waits_enqueued: u64,
-    /// See [`Counter::WaitsElided`].
+    /// See `WaitsElided`.
     pub waits_elided: u64,
-    /// See [`Counter::Copies`].
+    /// See `Copies`.
     pub copies: u64,
-    /// See [`Counter::BytesCopied`].
+    /// See `BytesCopied`.
     pub bytes_copied: u64,
-    /// See [`Counter::ReleasesImmediate`].
+    /// See `ReleasesImmediate`.
     pub releases_immediate: u64,
-    /// See [`Counter::ReleasesDeferred`].
+    /// See `ReleasesDeferred`.
     pub releases_deferred: u64,
+    /// See `Stats::releases_leaked`.
+    pub releases_leaked: u64,
 }
 
 impl Stats {
@@ -112,6 +119,7 @@ impl Stats {
             bytes_copied: get(Counter::BytesCopied as usize),
             releases_immediate: get(Counter::ReleasesImmediate as usize),
             releases_deferred: get(Counter::ReleasesDeferred as usize),
+            releases_leaked: get(Counter::ReleasesLeaked as usize),
         }
     }
 
@@ -128,6 +136,7 @@ impl Stats {
             self.bytes_copied,
             self.releases_immediate,
             self.releases_deferred,
+            self.releases_leaked,
         ]
     }
 
@@ -143,7 +152,7 @@ impl std::fmt::Display for Stats {
         write!(
             f,
             "exports {}, imports {}, waits enqueued {}, waits elided {}, events recorded {}, \
-             events created {}, host syncs {}, copies {} ({} bytes), releases immediate {}, deferred {}",
+             events created {}, host syncs {}, copies {} ({} bytes), releases immediate {}, deferred {}, leaked {}",
             self.exports,
             self.imports,
             self.waits_enqueued,
@@ -154,7 +163,8 @@ impl std::fmt::Display for Stats {
             self.copies,
             self.bytes_copied,
             self.releases_immediate,
-            self.releases_deferred
+            self.releases_deferred,
+            self.releases_leaked
         )
     }
 }

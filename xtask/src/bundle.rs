@@ -7,7 +7,8 @@
 //! `HANDOFF_PJRT_PLUGIN` and `HANDOFF_REQUIRE_GPU=1` (a GPU test that would skip
 //! fails instead), writes one log per binary under `$OUT/gpu-logs/`, then runs
 //! `bench/python_pipeline.py` (the Python side of the pipeline benchmark; `$PYTHON`,
-//! else `/opt/torch/.venv/bin/python3`, else `python3`), and exits non-zero if
+//! else `/opt/torch/.venv/bin/python3`, else `python3`), then the Python package's GPU
+//! script with the bundled `handoff` wheel (see `python.rs`), and exits non-zero if
 //! anything failed.
 //!
 //! To add a package, add a [`Package`] to [`PACKAGES`]: which of its targets to build
@@ -126,6 +127,8 @@ pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
         total += size;
         println!("xtask: bundled {:<48} {:>6.1} MiB", b.name, size as f64 / (1 << 20) as f64);
     }
+    // The Python package's abi3 wheel and its GPU script (python.rs).
+    total += crate::python::bundle(root, &out)?;
     let script = out.join("run.sh");
     std::fs::write(&script, run_script(&binaries)).map_err(|e| format!("cannot write run.sh: {e}"))?;
     set_executable(&script)?;
@@ -272,6 +275,7 @@ run() {{
     for b in binaries {
         let _ = writeln!(s, "run {} {}", u8::from(b.harness), b.name);
     }
+    s.push_str(crate::python::RUN_STEP);
     s.push_str(
         r#"
 # The Python side of the pipeline benchmark (torch + JAX), next to the Rust one.

@@ -8,6 +8,7 @@
 
 mod bundle;
 mod deps;
+mod python;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -82,6 +83,8 @@ fn test(root: &Path, extra: &[String]) -> Result<(), String> {
         )?;
     }
     cargo(root, &env, &["test", "--workspace", "--all-features", "--no-fail-fast"])?;
+    // The Python package (python/, outside the workspace): its lint, wheel and pytest.
+    python::test(root, lint)?;
     println!("xtask: all tests passed");
     Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! Buffers for people who write their own CUDA with [`cudarc`]: a [`CudaTensor<T>`]
 //! is a `CudaSlice<T>` with its stream, shape and strides. It is
-//! [`StreamOrdered`], [`Export`]s to a [`Handoff`] without a copy and [`Import`]s
+//! [`StreamOrdered`](handoff_runtime::StreamOrdered), [`Export`](handoff_runtime::Export)s to a [`Handoff`](handoff_runtime::Handoff) without a copy and [`Import`](handoff_runtime::Import)s
 //! from one without a copy, so it can be handed to and from PyTorch, XLA or any other
 //! handoff adapter with the ordering kept on the GPU.
 //!

@@ -53,7 +53,7 @@ pub fn import(handoff: Handoff) -> Result<tch::Tensor> {
 }
 
 /// [`import`] with options (the stream, read-only hand-offs). A plain tensor cannot
-/// carry `READ_ONLY`: exported again it is writable; use [`TorchTensor::import_with`]
+/// carry `READ_ONLY`: exported again it is writable; use [`TorchTensor::import_with`](crate::TorchTensor::import_with)
 /// to keep the flag.
 pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<tch::Tensor> {
     handoff_runtime::__private::counted_import();

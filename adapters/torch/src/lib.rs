@@ -5,7 +5,7 @@
 //!
 //! - [`TorchTensor`] wraps a `tch::Tensor` with its stream (PyTorch's current stream
 //!   of its device when wrapped, or one the caller names; CPU tensors have none). It
-//!   is [`StreamOrdered`], [`Export`] and [`Import`].
+//!   is [`StreamOrdered`](handoff_runtime::StreamOrdered), [`Export`](handoff_runtime::Export) and [`Import`](handoff_runtime::Import).
 //! - [`export`] and [`import`] do the same for plain `tch::Tensor`s, and
 //!   [`CurrentStream`] lets generic code (`handoff::transfer`, an XLA kernel call) take
 //!   and return `tch::Tensor`s directly, on PyTorch's current stream.

@@ -38,7 +38,7 @@ pub struct TorchTensor {
 
 impl TorchTensor {
     /// Wraps `tensor`, whose pending work is on PyTorch's current stream of its device
-    /// (read now). Fails for tensors that cannot be exported ([`check`]).
+    /// (read now). Fails for tensors that cannot be exported ([`check`](crate::check)).
     pub fn new(tensor: tch::Tensor) -> Result<TorchTensor> {
         let mut t = TorchTensor::for_export(tensor)?;
         t.described = Default::default();
@@ -68,7 +68,7 @@ impl TorchTensor {
 
     /// Views a hand-off with options, keeping its `READ_ONLY` flag (with
     /// [`ImportOptions::read_only_ok`]): a read-only tensor exports as read-only again.
-    /// A plain `tch::Tensor` ([`import_with`]) cannot carry the flag.
+    /// A plain `tch::Tensor` ([`import_with`](crate::import_with)) cannot carry the flag.
     ///
     /// ```
     /// use handoff_runtime::{Device, Export, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType};

@@ -3,8 +3,8 @@
 use crate::client::{Client, ClientInner, Device};
 use crate::dtype;
 use crate::error::{Result, XlaError};
-use crate::result::Api;
-use crate::sys::{self, slot};
+use crate::result::{self, Api};
+use crate::sys;
 use handoff_runtime::dtype::{DataType, Element};
 use handoff_runtime::stats;
 use std::sync::Arc;
@@ -26,24 +26,20 @@ impl Event {
     ///
     /// # Safety
     /// `raw` must be null or an owned event of `api`'s plugin.
-    pub unsafe fn from_raw(api: Api, raw: *mut sys::PJRT_Event) -> Option<Event> {
+    pub(crate) unsafe fn from_raw(api: Api, raw: *mut sys::PJRT_Event) -> Option<Event> {
         (!raw.is_null()).then_some(Event { api, raw })
-    }
-
-    pub(crate) fn raw_handle(&self) -> *mut sys::PJRT_Event {
-        self.raw
     }
 
     /// Whether it is ready. Never blocks.
     pub fn is_ready(&self) -> Result<bool> {
         // SAFETY: live until drop.
-        unsafe { self.api.event_is_ready(self.raw) }
+        unsafe { result::event::is_ready(self.api, self.raw) }
     }
 
     /// Blocks the host until it is ready (a counted host sync) and returns its status.
     pub fn wait(&self) -> Result<()> {
         // SAFETY: live until drop.
-        stats::host_sync(|| unsafe { self.api.event_await(self.raw) })
+        stats::host_sync(|| unsafe { result::event::wait(self.api, self.raw) })
     }
 
     /// Its status, if ready: `None` while pending. Never blocks.
@@ -52,14 +48,14 @@ impl Event {
             return Ok(None);
         }
         // SAFETY: live and ready.
-        Ok(Some(unsafe { self.api.event_error(self.raw) }))
+        Ok(Some(unsafe { result::event::error(self.api, self.raw) }))
     }
 }
 
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: owned, destroyed once.
-        if let Err(e) = unsafe { self.api.event_destroy(self.raw) } {
+        if let Err(e) = unsafe { result::event::destroy(self.api, self.raw) } {
             eprintln!("handoff-xla: destroying a PJRT event failed: {e}");
         }
     }
@@ -101,7 +97,7 @@ impl Drop for BufferInner {
     fn drop(&mut self) {
         // SAFETY: owned, destroyed once; exported hand-offs hold this Arc, so their
         // external references were all given back before.
-        if let Err(e) = unsafe { self.client.api().buffer_destroy(self.raw) } {
+        if let Err(e) = unsafe { result::buffer::destroy(self.client.api(), self.raw) } {
             eprintln!("handoff-xla: destroying a PJRT buffer failed: {e}");
         }
     }
@@ -149,14 +145,15 @@ impl Buffer {
     ) -> Result<Buffer> {
         let api = client.api();
         let info = || -> Result<(DataType, Vec<i64>, usize)> {
-            // SAFETY: live buffer (forwarded).
-            let (t, shape) = unsafe { api.buffer_shape(raw)? };
+            // SAFETY: live buffer (forwarded); the dims are copied out.
+            let (t, shape) =
+                unsafe { (result::buffer::element_type(api, raw)?, result::buffer::dimensions(api, raw)?) };
             let dtype = dtype::from_pjrt(t).ok_or_else(|| {
                 XlaError::invalid("PJRT_Buffer_ElementType", t, "this element type has no DLPack code")
             })?;
             // SAFETY: live buffer; the device lives as long as the client.
-            let dev = unsafe { api.buffer_ptr_out(raw, slot::BUFFER_DEVICE, "PJRT_Buffer_Device")? };
-            let index = client.devices.iter().position(|d| d.raw as *mut _ == dev).unwrap_or(0);
+            let dev = unsafe { result::buffer::device(api, raw)? };
+            let index = client.devices.iter().position(|d| d.raw == dev).unwrap_or(0);
             Ok((dtype, shape, index))
         };
         match info() {
@@ -174,7 +171,7 @@ impl Buffer {
             }),
             Err(e) => {
                 // SAFETY: owned, destroyed once on this error path.
-                let _ = unsafe { api.buffer_destroy(raw) };
+                let _ = unsafe { result::buffer::destroy(api, raw) };
                 Err(e)
             }
         }
@@ -185,7 +182,7 @@ impl Buffer {
     }
 
     /// The raw handle (owned by `self`).
-    pub fn raw(&self) -> *mut sys::PJRT_Buffer {
+    pub(crate) fn raw(&self) -> *mut sys::PJRT_Buffer {
         self.inner.raw
     }
 
@@ -233,11 +230,9 @@ impl Buffer {
     /// The buffer's ready event (the caller owns it).
     pub fn ready_event(&self) -> Result<Event> {
         // SAFETY: live buffer; the returned event is ours.
-        let raw = unsafe {
-            self.api().buffer_ptr_out(self.raw(), slot::BUFFER_READY_EVENT, "PJRT_Buffer_ReadyEvent")?
-        };
+        let raw = unsafe { result::buffer::ready_event(self.api(), self.raw())? };
         // SAFETY: an owned event of this plugin.
-        unsafe { Event::from_raw(self.api(), raw as *mut sys::PJRT_Event) }.ok_or_else(|| {
+        unsafe { Event::from_raw(self.api(), raw) }.ok_or_else(|| {
             XlaError::invalid("PJRT_Buffer_ReadyEvent.event", "null", "the plugin returned no event")
         })
     }
@@ -256,26 +251,20 @@ impl Buffer {
     /// external reference is held (an exported hand-off holds one).
     pub fn device_pointer(&self) -> Result<*mut std::ffi::c_void> {
         // SAFETY: live buffer.
-        unsafe {
-            self.api().buffer_ptr_out(
-                self.raw(),
-                slot::BUFFER_OPAQUE_DEVICE_MEMORY_DATA_POINTER,
-                "PJRT_Buffer_OpaqueDeviceMemoryDataPointer",
-            )
-        }
+        unsafe { result::buffer::opaque_device_memory_data_pointer(self.api(), self.raw()) }
     }
 
     /// The bytes the buffer takes on its device.
     pub fn on_device_size(&self) -> Result<usize> {
         // SAFETY: live buffer.
-        unsafe { self.api().buffer_on_device_size(self.raw()) }
+        unsafe { result::buffer::on_device_size_in_bytes(self.api(), self.raw()) }
     }
 
     /// Copies the data to the host (waits for it: a counted host sync).
     pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.on_device_size()?.max(self.num_bytes())];
         // SAFETY: live buffer; `out` outlives the wait below.
-        let raw = unsafe { self.api().buffer_to_host(self.raw(), &mut out)? };
+        let raw = unsafe { result::buffer::to_host_buffer(self.api(), self.raw(), &mut out)? };
         // SAFETY: an owned event of this plugin.
         if let Some(ev) = unsafe { Event::from_raw(self.api(), raw) } {
             ev.wait()?;
@@ -302,69 +291,75 @@ impl Buffer {
     }
 }
 
-impl Client {
-    /// A scalar `i32` buffer holding `index` on `device`: the platform-index argument
-    /// of a multi-platform `jax.export` artifact. Made from static memory, which
-    /// outlives any transfer, so nothing waits for the copy.
-    pub(crate) fn platform_index_buffer(&self, device: &Device, index: usize) -> Result<Buffer> {
-        static INDICES: [i32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
-        let value = INDICES.get(index).ok_or_else(|| {
-            XlaError::invalid("platform index", index, "artifacts name at most 8 platforms")
-        })?;
-        let t = dtype::to_pjrt(DataType::I32)
-            .ok_or_else(|| XlaError::invalid("dtype", "int32", "PJRT has no buffer type for it"))?;
-        let api = self.inner.api();
-        // SAFETY: live client and device; `value` is static, so it outlives the
-        // transfer whenever it completes; a scalar has no dimensions.
-        let (raw, done) = unsafe {
-            api.client_buffer_from_host(
-                self.inner.raw,
-                device.raw(),
-                value as *const i32 as *const _,
-                t,
-                &[],
-            )?
-        };
-        // SAFETY: an owned event of this plugin; dropping it does not wait.
-        drop(unsafe { Event::from_raw(api, done) });
-        // SAFETY: an owned, live buffer of this client.
-        unsafe { Buffer::from_raw(&self.inner, raw, false, None) }
-    }
+/// A scalar `i32` buffer holding `index` on `device`: the platform-index argument of
+/// a multi-platform `jax.export` artifact. Made from static memory, which outlives any
+/// transfer, so nothing waits for the copy.
+pub(crate) fn platform_index_buffer(client: &Client, device: &Device, index: usize) -> Result<Buffer> {
+    static INDICES: [i32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+    let value = INDICES
+        .get(index)
+        .ok_or_else(|| XlaError::invalid("platform index", index, "artifacts name at most 8 platforms"))?;
+    let t = dtype::to_pjrt(DataType::I32)
+        .ok_or_else(|| XlaError::invalid("dtype", "int32", "PJRT has no buffer type for it"))?;
+    let api = client.inner.api();
+    // SAFETY: live client and device; `value` is static, so it outlives the
+    // transfer whenever it completes; a scalar has no dimensions.
+    let (raw, done) = unsafe {
+        result::client::buffer_from_host_buffer(
+            api,
+            client.inner.raw,
+            device.raw(),
+            value as *const i32 as *const _,
+            t,
+            &[],
+        )?
+    };
+    // SAFETY: an owned event of this plugin; dropping it does not wait.
+    drop(unsafe { Event::from_raw(api, done) });
+    // SAFETY: an owned, live buffer of this client.
+    unsafe { Buffer::from_raw(&client.inner, raw, false, None) }
+}
 
-    /// Copies a host array to a new buffer on `device` (waits for the copy to be
-    /// done with `data`: a counted host sync).
-    pub fn buffer_from_host<T: Element + Copy>(
-        &self,
-        device: &Device,
-        data: &[T],
-        shape: &[i64],
-    ) -> Result<Buffer> {
-        let dtype = T::DTYPE;
-        let elements: i64 = shape.iter().product();
-        if shape.iter().any(|&d| d < 0) || elements as usize != data.len() {
-            return Err(XlaError::invalid(
-                "shape",
-                format!("{shape:?}"),
-                format!("it must be non-negative and hold the {} elements given", data.len()),
-            ));
-        }
-        let t = dtype::to_pjrt(dtype).ok_or_else(|| {
-            XlaError::invalid("dtype", handoff_runtime::dtype::name(dtype), "PJRT has no buffer type for it")
-        })?;
-        let api = self.inner.api();
-        // SAFETY: live client and device; `data` holds the dense array and outlives
-        // the wait for the done event below.
-        let (raw, done) = unsafe {
-            api.client_buffer_from_host(self.inner.raw, device.raw(), data.as_ptr() as *const _, t, shape)?
-        };
-        // SAFETY: owned event of this plugin.
-        let done = unsafe { Event::from_raw(api, done) };
-        if let Some(Err(e)) = done.map(|d| d.wait()) {
-            // SAFETY: owned buffer, destroyed once on this error path.
-            let _ = unsafe { api.buffer_destroy(raw) };
-            return Err(e);
-        }
-        // SAFETY: an owned, live buffer of this client.
-        unsafe { Buffer::from_raw(&self.inner, raw, false, None) }
+/// [`Client::buffer_from_host`]: copies a host array to a new buffer on `device`
+/// (waits for the copy to be done with `data`: a counted host sync).
+pub(crate) fn from_host<T: Element + Copy>(
+    client: &Client,
+    device: &Device,
+    data: &[T],
+    shape: &[i64],
+) -> Result<Buffer> {
+    let dtype = T::DTYPE;
+    let elements: i64 = shape.iter().product();
+    if shape.iter().any(|&d| d < 0) || elements as usize != data.len() {
+        return Err(XlaError::invalid(
+            "shape",
+            format!("{shape:?}"),
+            format!("it must be non-negative and hold the {} elements given", data.len()),
+        ));
     }
+    let t = dtype::to_pjrt(dtype).ok_or_else(|| {
+        XlaError::invalid("dtype", handoff_runtime::dtype::name(dtype), "PJRT has no buffer type for it")
+    })?;
+    let api = client.inner.api();
+    // SAFETY: live client and device; `data` holds the dense array and outlives
+    // the wait for the done event below.
+    let (raw, done) = unsafe {
+        result::client::buffer_from_host_buffer(
+            api,
+            client.inner.raw,
+            device.raw(),
+            data.as_ptr() as *const _,
+            t,
+            shape,
+        )?
+    };
+    // SAFETY: owned event of this plugin.
+    let done = unsafe { Event::from_raw(api, done) };
+    if let Some(Err(e)) = done.map(|d| d.wait()) {
+        // SAFETY: owned buffer, destroyed once on this error path.
+        let _ = unsafe { result::buffer::destroy(api, raw) };
+        return Err(e);
+    }
+    // SAFETY: an owned, live buffer of this client.
+    unsafe { Buffer::from_raw(&client.inner, raw, false, None) }
 }

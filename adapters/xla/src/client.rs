@@ -1,64 +1,17 @@
-//! Clients and devices.
+//! Clients and devices. Every method of [`Client`] is here; where the work belongs
+//! to another module (buffers, compilation, the exchange), the method calls it there.
 
+use crate::buffer::{self, Buffer};
 use crate::error::{Result, XlaError};
+use crate::exchange::{self, ImportOptions};
+use crate::executable::{self, CompileOptions, Executable, Program};
+use crate::options::{ClientOptions, named_value};
 use crate::plugin::Plugin;
-use crate::result::{Api, OptionValue, named_value};
+use crate::result::{self, Api};
 use crate::sys;
+use handoff_runtime::dtype::Element;
+use handoff_runtime::{Handoff, Stream};
 use std::sync::Arc;
-
-/// Options for [`Client::new`]. On GPU plugins `preallocate` defaults to `false`, so
-/// that XLA shares the GPU with PyTorch instead of taking most of its memory.
-///
-/// ```
-/// let opts = handoff_xla::ClientOptions::default().memory_fraction(0.25);
-/// assert_eq!(opts.memory_fraction, Some(0.25));
-/// ```
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ClientOptions {
-    /// `preallocate` (GPU). `None`: `false` on GPU plugins, unset on others.
-    pub preallocate: Option<bool>,
-    /// `memory_fraction` (GPU): the share of device memory XLA's allocator may use.
-    pub memory_fraction: Option<f32>,
-    /// Further platform-specific options, passed as they are.
-    pub extra: Vec<(&'static str, OptionValue)>,
-}
-
-impl ClientOptions {
-    /// Sets `preallocate`.
-    pub fn preallocate(mut self, on: bool) -> Self {
-        self.preallocate = Some(on);
-        self
-    }
-
-    /// Sets `memory_fraction`.
-    pub fn memory_fraction(mut self, fraction: f32) -> Self {
-        self.memory_fraction = Some(fraction);
-        self
-    }
-
-    /// Adds a platform-specific option.
-    pub fn option(mut self, name: &'static str, value: OptionValue) -> Self {
-        self.extra.push((name, value));
-        self
-    }
-
-    fn resolve(&self, gpu: bool) -> Result<Vec<(&'static str, OptionValue)>> {
-        let mut out = Vec::new();
-        match (self.preallocate, gpu) {
-            (Some(p), _) => out.push(("preallocate", OptionValue::Bool(p))),
-            (None, true) => out.push(("preallocate", OptionValue::Bool(false))),
-            (None, false) => {}
-        }
-        if let Some(f) = self.memory_fraction {
-            if !(f > 0.0 && f <= 1.0) {
-                return Err(XlaError::invalid("ClientOptions.memory_fraction", f, "it must be in (0, 1]"));
-            }
-            out.push(("memory_fraction", OptionValue::Float(f)));
-        }
-        out.extend(self.extra.iter().cloned());
-        Ok(out)
-    }
-}
 
 pub(crate) struct ClientInner {
     pub(crate) plugin: &'static Plugin,
@@ -85,7 +38,7 @@ impl Drop for ClientInner {
     fn drop(&mut self) {
         // SAFETY: the client is owned here, and every buffer and executable holds an
         // Arc to this, so none outlives it.
-        if let Err(e) = unsafe { self.api().client_destroy(self.raw) } {
+        if let Err(e) = unsafe { result::client::destroy(self.api(), self.raw) } {
             eprintln!("handoff-xla: destroying the PJRT client failed: {e}");
         }
     }
@@ -97,6 +50,23 @@ pub(crate) struct DeviceInfo {
     pub(crate) id: i32,
     pub(crate) kind: String,
     pub(crate) hardware_id: i32,
+}
+
+impl DeviceInfo {
+    /// Reads a device's description: its id, kind and local hardware id.
+    ///
+    /// # Safety
+    /// `raw` must be a live device of `api`'s plugin.
+    unsafe fn read(api: Api, raw: *mut sys::PJRT_Device) -> Result<DeviceInfo> {
+        // SAFETY: a live device; its description lives as long as it.
+        unsafe {
+            let description = result::device::get_description(api, raw)?;
+            let id = result::device::description_id(api, description)?;
+            let kind = result::device::description_kind(api, description)?;
+            let hardware_id = result::device::local_hardware_id(api, raw)?;
+            Ok(DeviceInfo { raw, id, kind, hardware_id })
+        }
+    }
 }
 
 /// A PJRT client: devices, compilation, buffers. Cheap to clone; buffers and
@@ -125,16 +95,15 @@ impl Client {
         let resolved = options.resolve(plugin.is_gpu())?;
         let named: Vec<sys::PJRT_NamedValue> = resolved.iter().map(|(n, v)| named_value(n, v)).collect();
         let api = plugin.api();
-        let raw = api.client_create(&named)?;
+        let raw = result::client::create(api, &named)?;
         let build = || -> Result<(String, String, Vec<DeviceInfo>)> {
             // SAFETY: `raw` is the live client just created.
             unsafe {
-                let platform = api.client_platform(raw, false)?;
-                let version = api.client_platform(raw, true)?;
+                let platform = result::client::platform_name(api, raw)?;
+                let version = result::client::platform_version(api, raw)?;
                 let mut devices = Vec::new();
-                for d in api.client_addressable_devices(raw)? {
-                    let (id, kind, hardware_id) = api.device_info(d)?;
-                    devices.push(DeviceInfo { raw: d, id, kind, hardware_id });
+                for d in result::client::addressable_devices(api, raw)? {
+                    devices.push(DeviceInfo::read(api, d)?);
                 }
                 Ok((platform, version, devices))
             }
@@ -155,7 +124,7 @@ impl Client {
             }
             Err(e) => {
                 // SAFETY: owned, destroyed once on this error path.
-                let _ = unsafe { api.client_destroy(raw) };
+                let _ = unsafe { result::client::destroy(api, raw) };
                 Err(e)
             }
         }
@@ -213,6 +182,91 @@ impl Client {
             )
         })?;
         Ok(Device { client: self.inner.clone(), index: i })
+    }
+
+    /// The device a hand-off of `memory` is viewed on: `index` when given, else the
+    /// device `memory` names (device 0 for host memory).
+    pub(crate) fn device_for(&self, memory: handoff_runtime::Device, index: Option<usize>) -> Result<Device> {
+        let device = match (memory, index) {
+            (_, Some(i)) => self.device(i)?,
+            (handoff_runtime::Device::Host, None) => self.device(0)?,
+            (handoff_runtime::Device::Cuda(n), None) => self.device_by_ordinal(n)?,
+            (other, None) => {
+                return Err(XlaError::invalid(
+                    "hand-off device",
+                    other,
+                    "XLA takes host and CUDA memory only",
+                ));
+            }
+        };
+        let want = device.handoff_device();
+        if memory != want {
+            return Err(XlaError::from(handoff_runtime::Error::CrossDevice { from: memory, to: want }));
+        }
+        Ok(device)
+    }
+
+    /// Copies a host array to a new buffer on `device` (waits for the copy to be
+    /// done with `data`: a counted host sync).
+    pub fn buffer_from_host<T: Element + Copy>(
+        &self,
+        device: &Device,
+        data: &[T],
+        shape: &[i64],
+    ) -> Result<Buffer> {
+        buffer::from_host(self, device, data, shape)
+    }
+
+    /// Compiles a program with default options.
+    ///
+    /// ```no_run
+    /// use handoff_xla::{Client, Program};
+    /// let client = Client::from_env()?;
+    /// let exe = client.compile(&Program::from_file("adapters/xla/programs/row_sum_f32_8x16.mlir")?)?;
+    /// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32; 128], &[8, 16])?;
+    /// let sums = exe.execute(&[&x])?[0].to_vec::<f32>()?;
+    /// assert_eq!(sums, [16.0; 8]);
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn compile(&self, program: &Program) -> Result<Executable> {
+        self.compile_with(program, &CompileOptions::default())
+    }
+
+    /// Compiles a program.
+    pub fn compile_with(&self, program: &Program, options: &CompileOptions) -> Result<Executable> {
+        executable::compile(self, program, options)
+    }
+
+    /// The stream a producer must make its data ready on before XLA reads it on
+    /// `device` (CUDA: the stream extension's `get_stream_for_external_ready_events`,
+    /// asked of PJRT once per device). Export a value to this stream to hand it to
+    /// [`Client::import`] with no extra wait. On CPU it is the host stream.
+    pub fn ready_stream(&self, device: &Device) -> Result<Stream> {
+        exchange::ready_stream(self, device)
+    }
+
+    /// Imports a hand-off as a zero-copy PJRT buffer (see [`exchange`]).
+    ///
+    /// ```no_run
+    /// use handoff_xla::Client;
+    /// use handoff_runtime::{Device, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType};
+    /// #[repr(align(64))]
+    /// struct Block([f32; 16]);
+    /// let client = Client::from_env()?;
+    /// let block = Box::new(Block([1.0; 16]));
+    /// let h = Handoff::with_keep_alive(block, |b| {
+    ///     Ok(TensorDesc::new(b.0.as_ptr() as *mut _, Device::Host, DataType::F32, &[16][..]))
+    /// }, &Stream::host(), Ready::Elided, Release::AfterConsumer)?;
+    /// let x = client.import(h)?; // a view: no copy
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn import(&self, handoff: Handoff) -> Result<Buffer> {
+        self.import_with(handoff, ImportOptions::default())
+    }
+
+    /// Imports a hand-off, with options (counted in `stats` as an import).
+    pub fn import_with(&self, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
+        exchange::import(self, handoff, options)
     }
 }
 

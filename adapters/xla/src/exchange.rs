@@ -17,7 +17,7 @@ use crate::buffer::{Buffer, ViewWatch};
 use crate::client::{Client, Device};
 use crate::dtype;
 use crate::error::{Result, XlaError};
-use handoff_runtime::stats::{self, Counter};
+use crate::result;
 use handoff_runtime::{
     Export, Exportable, Handoff, ImportInto, Ready, Release, Stream, StreamOrdered, TensorDesc,
 };
@@ -79,8 +79,7 @@ impl Aligned {
         // SAFETY: `src` holds `len` readable bytes (a validated host hand-off) and
         // `ptr` has room for them; they do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src, ptr, len) };
-        stats::count(Counter::Copies, 1);
-        stats::count(Counter::BytesCopied, len as u64);
+        handoff_runtime::__private::counted_copy(len as u64);
         Ok(Aligned { ptr, layout })
     }
 }
@@ -104,7 +103,7 @@ unsafe extern "C" fn on_delete(_data: *mut c_void, user_arg: *mut c_void) {
         if user_arg.is_null() {
             return;
         }
-        // SAFETY: `user_arg` is the `Box<OnDelete>` leaked by `Client::view`, and PJRT
+        // SAFETY: `user_arg` is the `Box<OnDelete>` leaked by `view`, and PJRT
         // calls this exactly once.
         let mut ctx = unsafe { Box::from_raw(user_arg as *mut OnDelete) };
         drop(ctx.keep_alive.take());
@@ -112,174 +111,131 @@ unsafe extern "C" fn on_delete(_data: *mut c_void, user_arg: *mut c_void) {
     }));
 }
 
-impl Client {
-    /// The stream a producer must make its data ready on before XLA reads it on
-    /// `device` (CUDA: the stream extension's `get_stream_for_external_ready_events`,
-    /// asked of PJRT once per device). Export a value to this stream to hand it to
-    /// [`Client::import`] with no extra wait. On CPU it is the host stream.
-    pub fn ready_stream(&self, device: &Device) -> Result<Stream> {
-        let Some(ext) = self.plugin().stream_extension() else { return Ok(Stream::host()) };
-        let cache = &self.inner.ready_streams[device.index];
-        if let Some(s) = cache.get() {
-            return Ok(s.clone().with_owner(self.inner.clone()));
-        }
-        // SAFETY: this plugin's stream extension and a live device.
-        let raw = unsafe { self.inner.api().stream_for_external_ready_events(ext, device.raw())? };
-        let stream = cuda_stream(device.ordinal(), raw as u64)?;
-        // The cache holds the bare stream (holding the client there would keep it
-        // alive forever); each handle given out keeps the client, which owns it.
-        Ok(cache.get_or_init(|| stream).clone().with_owner(self.inner.clone()))
+/// [`Client::ready_stream`]: the stream XLA reads hand-offs on for `device`, asked of
+/// PJRT once per device and cached in the client.
+pub(crate) fn ready_stream(client: &Client, device: &Device) -> Result<Stream> {
+    let Some(ext) = client.plugin().stream_extension() else { return Ok(Stream::host()) };
+    let cache = &client.inner.ready_streams[device.index];
+    if let Some(s) = cache.get() {
+        return Ok(s.clone().with_owner(client.inner.clone()));
     }
+    // SAFETY: this plugin's stream extension and a live device.
+    let raw = unsafe {
+        result::stream::get_stream_for_external_ready_events(client.inner.api(), ext, device.raw())?
+    };
+    let stream = cuda_stream(device.ordinal(), raw as u64)?;
+    // The cache holds the bare stream (holding the client there would keep it
+    // alive forever); each handle given out keeps the client, which owns it.
+    Ok(cache.get_or_init(|| stream).clone().with_owner(client.inner.clone()))
+}
 
-    /// The device a hand-off of `memory` is viewed on: `index` when given, else the
-    /// device `memory` names (device 0 for host memory).
-    pub(crate) fn device_for(&self, memory: handoff_runtime::Device, index: Option<usize>) -> Result<Device> {
-        let device = match (memory, index) {
-            (_, Some(i)) => self.device(i)?,
-            (handoff_runtime::Device::Host, None) => self.device(0)?,
-            (handoff_runtime::Device::Cuda(n), None) => self.device_by_ordinal(n)?,
-            (other, None) => {
-                return Err(XlaError::invalid(
-                    "hand-off device",
-                    other,
-                    "XLA takes host and CUDA memory only",
-                ));
-            }
-        };
-        let want = device.handoff_device();
-        if memory != want {
-            return Err(XlaError::from(handoff_runtime::Error::CrossDevice { from: memory, to: want }));
-        }
-        Ok(device)
+/// [`Client::import_with`]: a view of the hand-off's memory (see the module docs),
+/// counted in `stats` as an import.
+pub(crate) fn import(client: &Client, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
+    let buffer = import_uncounted(client, handoff, options)?;
+    handoff_runtime::__private::counted_import();
+    Ok(buffer)
+}
+
+fn import_uncounted(client: &Client, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
+    let dtype = handoff.dtype();
+    let t = dtype::to_pjrt(dtype).ok_or_else(|| {
+        XlaError::invalid(
+            "hand-off dtype",
+            handoff_runtime::dtype::name(dtype),
+            "PJRT has no buffer type for it",
+        )
+    })?;
+    if !handoff.is_contiguous() {
+        return Err(XlaError::invalid(
+            "hand-off strides",
+            format!("{:?} for shape {:?}", handoff.strides(), handoff.shape()),
+            "XLA views take compact row-major memory only; make the tensor contiguous first",
+        ));
     }
-
-    /// Imports a hand-off as a zero-copy PJRT buffer (see the module docs).
-    ///
-    /// ```no_run
-    /// use handoff_xla::Client;
-    /// use handoff_runtime::{Device, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType};
-    /// #[repr(align(64))]
-    /// struct Block([f32; 16]);
-    /// let client = Client::from_env()?;
-    /// let block = Box::new(Block([1.0; 16]));
-    /// let h = Handoff::with_keep_alive(block, |b| {
-    ///     Ok(TensorDesc::new(b.0.as_ptr() as *mut _, Device::Host, DataType::F32, &[16][..]))
-    /// }, &Stream::host(), Ready::Elided, Release::AfterConsumer)?;
-    /// let x = client.import(h)?; // a view: no copy
-    /// # Ok::<(), handoff_xla::XlaError>(())
-    /// ```
-    pub fn import(&self, handoff: Handoff) -> Result<Buffer> {
-        self.import_with(handoff, ImportOptions::default())
+    let shape = handoff.shape().to_vec();
+    let device = client.device_for(handoff.device(), options.device)?;
+    let data = handoff.data_ptr();
+    if client.is_gpu() {
+        let ready = client.ready_stream(&device)?;
+        // The producer made the data ready on the hand-off's consumer stream: order
+        // XLA's ready stream after it, unless the producer exported to it directly
+        // (then it is already ordered, and `order` is not called a second time).
+        if handoff.consumer_stream() != &ready {
+            handoff_runtime::order(Some(handoff.consumer_stream()), &ready)?;
+        }
+        let raw = ready.raw() as isize;
+        // SAFETY: the hand-off is validated device memory of `device`, compact, of
+        // `shape` and `dtype`; it is kept alive until on_delete.
+        return unsafe { view(client, &device, data as *mut c_void, t, &shape, raw, handoff, false) };
     }
-
-    /// Imports a hand-off, with options (counted in `stats` as an import).
-    pub fn import_with(&self, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
-        let buffer = self.import_uncounted(handoff, options)?;
-        handoff_runtime::stats::count(handoff_runtime::stats::Counter::Imports, 1);
-        Ok(buffer)
+    // Host memory for the CPU client: no device work to order.
+    let misaligned = !(data as usize).is_multiple_of(CPU_ALIGNMENT);
+    if !misaligned {
+        // SAFETY: as above, for host memory; stream must be 0 on CPU.
+        return unsafe { view(client, &device, data as *mut c_void, t, &shape, 0, handoff, false) };
     }
-
-    fn import_uncounted(&self, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
-        let dtype = handoff.dtype();
-        let t = dtype::to_pjrt(dtype).ok_or_else(|| {
-            XlaError::invalid(
-                "hand-off dtype",
-                handoff_runtime::dtype::name(dtype),
-                "PJRT has no buffer type for it",
-            )
-        })?;
-        if !handoff.is_contiguous() {
-            return Err(XlaError::invalid(
-                "hand-off strides",
-                format!("{:?} for shape {:?}", handoff.strides(), handoff.shape()),
-                "XLA views take compact row-major memory only; make the tensor contiguous first",
-            ));
-        }
-        let shape = handoff.shape().to_vec();
-        let device = self.device_for(handoff.device(), options.device)?;
-        let data = handoff.data_ptr();
-        if self.is_gpu() {
-            let ready = self.ready_stream(&device)?;
-            // The producer made the data ready on the hand-off's consumer stream: order
-            // XLA's ready stream after it, unless the producer exported to it directly
-            // (then it is already ordered, and `order` is not called a second time).
-            if handoff.consumer_stream() != &ready {
-                handoff_runtime::order(Some(handoff.consumer_stream()), &ready)?;
-            }
-            let raw = ready.raw() as isize;
-            // SAFETY: the hand-off is validated device memory of `device`, compact, of
-            // `shape` and `dtype`; it is kept alive until on_delete.
-            return unsafe { self.view(&device, data as *mut c_void, t, &shape, raw, handoff, false) };
-        }
-        // Host memory for the CPU client: no device work to order.
-        let misaligned = !(data as usize).is_multiple_of(CPU_ALIGNMENT);
-        if !misaligned {
-            // SAFETY: as above, for host memory; stream must be 0 on CPU.
-            return unsafe { self.view(&device, data as *mut c_void, t, &shape, 0, handoff, false) };
-        }
-        if !options.allow_copy {
-            return Err(XlaError::invalid(
-                "hand-off data pointer",
-                format!("{data:p}"),
-                format!(
-                    "XLA's CPU client views host memory only when it is {CPU_ALIGNMENT}-byte aligned \
-                     (this address is {} bytes past a boundary); align the allocation, or import with \
-                     ImportOptions::allow_copy() to copy it",
-                    data as usize % CPU_ALIGNMENT
-                ),
-            ));
-        }
-        let copy = Aligned::copy_of(data, handoff.num_bytes())?;
-        drop(handoff);
-        let ptr = copy.ptr as *mut c_void;
-        // SAFETY: `copy` owns `num_bytes` aligned bytes holding the array.
-        unsafe { self.view(&device, ptr, t, &shape, 0, copy, true) }
+    if !options.allow_copy {
+        return Err(XlaError::invalid(
+            "hand-off data pointer",
+            format!("{data:p}"),
+            format!(
+                "XLA's CPU client views host memory only when it is {CPU_ALIGNMENT}-byte aligned \
+                 (this address is {} bytes past a boundary); align the allocation, or import with \
+                 ImportOptions::allow_copy() to copy it",
+                data as usize % CPU_ALIGNMENT
+            ),
+        ));
     }
+    let copy = Aligned::copy_of(data, handoff.num_bytes())?;
+    drop(handoff);
+    let ptr = copy.ptr as *mut c_void;
+    // SAFETY: `copy` owns `num_bytes` aligned bytes holding the array.
+    unsafe { view(client, &device, ptr, t, &shape, 0, copy, true) }
+}
 
-    /// Creates a zero-copy buffer over foreign memory, keeping `keep_alive` until
-    /// PJRT's `on_delete_callback` (the lower-level form of [`Client::import`]).
-    ///
-    /// # Safety
-    /// `data` must be memory of `device` holding a compact row-major array of
-    /// `shape` and PJRT type `pjrt_type`, valid while `keep_alive` lives, with its
-    /// writes ordered before work on `stream` (CUDA) or complete (CPU, `stream` 0).
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn view<K: Send + 'static>(
-        &self,
-        device: &Device,
-        data: *mut c_void,
-        pjrt_type: std::ffi::c_int,
-        shape: &[i64],
-        stream: isize,
-        keep_alive: K,
-        copied: bool,
-    ) -> Result<Buffer> {
-        let watch = ViewWatch::default();
-        let ctx = Box::into_raw(Box::new(OnDelete {
-            keep_alive: Some(Box::new(keep_alive)),
-            watch: watch.clone(),
-        }));
-        // SAFETY: forwarded from the caller; `ctx` is handed to the callback.
-        let made = unsafe {
-            self.inner.api().client_create_view(
-                self.inner.raw,
-                device.raw(),
-                data,
-                pjrt_type,
-                shape,
-                stream,
-                on_delete,
-                ctx as *mut c_void,
-            )
-        };
-        match made {
-            // SAFETY: an owned buffer of this client.
-            Ok(raw) => unsafe { Buffer::from_raw(&self.inner, raw, copied, Some(watch)) },
-            Err(e) => {
-                // SAFETY: on error PJRT did not take `ctx`: it is still ours, freed once.
-                drop(unsafe { Box::from_raw(ctx) });
-                Err(e)
-            }
+/// Creates a zero-copy buffer over foreign memory, keeping `keep_alive` until PJRT's
+/// `on_delete_callback`.
+///
+/// # Safety
+/// `data` must be memory of `device` holding a compact row-major array of `shape` and
+/// PJRT type `pjrt_type`, valid while `keep_alive` lives, with its writes ordered
+/// before work on `stream` (CUDA) or complete (CPU, `stream` 0).
+#[allow(clippy::too_many_arguments)]
+unsafe fn view<K: Send + 'static>(
+    client: &Client,
+    device: &Device,
+    data: *mut c_void,
+    pjrt_type: std::ffi::c_int,
+    shape: &[i64],
+    stream: isize,
+    keep_alive: K,
+    copied: bool,
+) -> Result<Buffer> {
+    let watch = ViewWatch::default();
+    let ctx =
+        Box::into_raw(Box::new(OnDelete { keep_alive: Some(Box::new(keep_alive)), watch: watch.clone() }));
+    // SAFETY: forwarded from the caller; `ctx` is handed to the callback.
+    let made = unsafe {
+        result::client::create_view_of_device_buffer(
+            client.inner.api(),
+            client.inner.raw,
+            device.raw(),
+            data,
+            pjrt_type,
+            shape,
+            stream,
+            on_delete,
+            ctx as *mut c_void,
+        )
+    };
+    match made {
+        // SAFETY: an owned buffer of this client.
+        Ok(raw) => unsafe { Buffer::from_raw(&client.inner, raw, copied, Some(watch)) },
+        Err(e) => {
+            // SAFETY: on error PJRT did not take `ctx`: it is still ours, freed once.
+            drop(unsafe { Box::from_raw(ctx) });
+            Err(e)
         }
     }
 }
@@ -295,7 +251,9 @@ impl Drop for ExternalRef {
         let _serial = inner.external_refs.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the reference was increased in `Export::export`, and the buffer is
         // alive (held here), so the decrease matches it exactly once.
-        if let Err(e) = unsafe { inner.client.api().buffer_external_reference(inner.raw, false) } {
+        let decreased =
+            unsafe { result::buffer::decrease_external_reference_count(inner.client.api(), inner.raw) };
+        if let Err(e) = decreased {
             eprintln!("handoff-xla: giving back an external reference failed: {e}");
         }
     }
@@ -324,8 +282,10 @@ impl StreamOrdered for Buffer {
             Some(ext) => {
                 let raw = consumer_raw(consumer, &self.device())?;
                 // SAFETY: this plugin's extension, a live buffer and a stream of its device.
-                unsafe { api.wait_until_buffer_ready_on_stream(ext, self.raw(), raw as isize)? };
-                stats::count(Counter::WaitsEnqueued, 1);
+                unsafe {
+                    result::stream::wait_until_buffer_ready_on_stream(api, ext, self.raw(), raw as isize)?
+                };
+                handoff_runtime::__private::counted_wait_enqueued();
                 Ok(Ready::Waited)
             }
             None => {
@@ -336,14 +296,16 @@ impl StreamOrdered for Buffer {
                     });
                 }
                 let ev = self.ready_event()?;
-                if ev.is_ready()? {
-                    stats::count(Counter::WaitsElided, 1);
-                    // SAFETY: live and ready.
-                    unsafe { api.event_error(ev_raw(&ev)) }?;
-                    Ok(Ready::Elided)
-                } else {
-                    ev.wait()?;
-                    Ok(Ready::HostSynced)
+                match ev.status()? {
+                    Some(status) => {
+                        handoff_runtime::__private::counted_wait_elided();
+                        status?;
+                        Ok(Ready::Elided)
+                    }
+                    None => {
+                        ev.wait()?;
+                        Ok(Ready::HostSynced)
+                    }
                 }
             }
         }
@@ -377,7 +339,7 @@ impl Export for Buffer {
         {
             let _serial = self.inner.external_refs.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: live buffer; matched by `ExternalRef`'s drop.
-            unsafe { self.api().buffer_external_reference(self.raw(), true) }?;
+            unsafe { result::buffer::increase_external_reference_count(self.api(), self.raw()) }?;
         }
         let keep = ExternalRef { buffer: self };
         Handoff::with_keep_alive(keep, |k| k.buffer.describe(), consumer, ready, Release::AfterConsumer)
@@ -416,10 +378,6 @@ impl ImportInto<Client> for Buffer {
     fn import_into(handoff: Handoff, client: &Client) -> handoff_runtime::Result<Buffer> {
         Ok(client.import(handoff)?)
     }
-}
-
-fn ev_raw(ev: &crate::buffer::Event) -> *mut crate::sys::PJRT_Event {
-    ev.raw_handle()
 }
 
 /// A stream PJRT gave for a device (callers attach the client that owns it).

@@ -5,6 +5,7 @@ use crate::client::{Client, ClientInner, Device};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::hlo::{self, ArraySpec};
+use crate::result::{self, Api};
 use crate::sys;
 use std::path::Path;
 use std::sync::Arc;
@@ -131,7 +132,7 @@ unsafe impl Sync for Executable {}
 impl Drop for Executable {
     fn drop(&mut self) {
         // SAFETY: owned, destroyed once.
-        if let Err(e) = unsafe { self.client.api().loaded_executable_destroy(self.raw) } {
+        if let Err(e) = unsafe { result::executable::destroy_loaded(self.client.api(), self.raw) } {
             eprintln!("handoff-xla: destroying a PJRT executable failed: {e}");
         }
     }
@@ -147,58 +148,100 @@ impl std::fmt::Debug for Executable {
     }
 }
 
-impl Client {
-    /// Compiles a program with default options.
-    ///
-    /// ```no_run
-    /// use handoff_xla::{Client, Program};
-    /// let client = Client::from_env()?;
-    /// let exe = client.compile(&Program::from_file("adapters/xla/programs/row_sum_f32_8x16.mlir")?)?;
-    /// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32; 128], &[8, 16])?;
-    /// let sums = exe.execute(&[&x])?[0].to_vec::<f32>()?;
-    /// assert_eq!(sums, [16.0; 8]);
-    /// # Ok::<(), handoff_xla::XlaError>(())
-    /// ```
-    pub fn compile(&self, program: &Program) -> Result<Executable> {
-        self.compile_with(program, &CompileOptions::default())
+/// [`Client::compile_with`]: compiles `program` and reads its outputs (and, when the
+/// plugin gives its optimized program, its parameters).
+pub(crate) fn compile(client: &Client, program: &Program, options: &CompileOptions) -> Result<Executable> {
+    if let Some(d) = options.device {
+        client.device(d)?;
     }
+    let api = client.inner.api();
+    // SAFETY: live client; code and options outlive the call.
+    let raw =
+        unsafe { result::client::compile(api, client.inner.raw, program.code(), "mlir", &options.encode())? };
+    // SAFETY: the executable was just created and is live, and so is its
+    // `PJRT_Executable` inside `with_executable`.
+    let info = unsafe {
+        with_executable(api, raw, |exe| {
+            let outputs = outputs(api, exe)?;
+            let parameters = optimized_program(api, exe).ok().and_then(|m| hlo::parameters(&m));
+            Ok((outputs, parameters))
+        })
+    };
+    let exe = |outputs, parameters| Executable {
+        client: client.inner.clone(),
+        raw,
+        name: program.name().to_string(),
+        parameters,
+        outputs,
+        device: options.device,
+    };
+    match info {
+        Ok((outputs, parameters)) => Ok(exe(outputs, parameters)),
+        Err(e) => {
+            drop(exe(Vec::new(), None));
+            Err(e)
+        }
+    }
+}
 
-    /// Compiles a program.
-    pub fn compile_with(&self, program: &Program, options: &CompileOptions) -> Result<Executable> {
-        if let Some(d) = options.device {
-            self.device(d)?;
-        }
-        let api = self.inner.api();
-        // SAFETY: live client; code and options outlive the call.
-        let raw = unsafe { api.client_compile(self.inner.raw, program.code(), "mlir", &options.encode())? };
-        // SAFETY: the executable was just created and is live.
-        let info = unsafe {
-            api.with_executable(raw, |exe| {
-                let outputs = api
-                    .executable_outputs(exe)?
-                    .into_iter()
-                    .map(|(t, shape)| ArraySpec { dtype: dtype::from_pjrt(t), shape })
-                    .collect::<Vec<_>>();
-                let parameters = api.executable_optimized_program(exe).ok().and_then(|m| hlo::parameters(&m));
-                Ok((outputs, parameters))
-            })
-        };
-        let exe = |outputs, parameters| Executable {
-            client: self.inner.clone(),
-            raw,
-            name: program.name().to_string(),
-            parameters,
-            outputs,
-            device: options.device,
-        };
-        match info {
-            Ok((outputs, parameters)) => Ok(exe(outputs, parameters)),
-            Err(e) => {
-                drop(exe(Vec::new(), None));
-                Err(e)
-            }
-        }
+/// Runs `f` on the `PJRT_Executable` of a loaded executable, destroying it after.
+///
+/// # Safety
+/// `exe` must be live.
+unsafe fn with_executable<R>(
+    api: Api,
+    exe: *mut sys::PJRT_LoadedExecutable,
+    f: impl FnOnce(*mut sys::PJRT_Executable) -> Result<R>,
+) -> Result<R> {
+    // SAFETY: a live loaded executable; the returned executable is ours.
+    let executable = unsafe { result::executable::get_executable(api, exe)? };
+    let r = f(executable);
+    // SAFETY: destroyed exactly once, here.
+    let destroyed = unsafe { result::executable::destroy(api, executable) };
+    let r = r?;
+    destroyed?;
+    Ok(r)
+}
+
+/// The element types and dimensions of an executable's outputs.
+///
+/// # Safety
+/// `exe` must be live.
+unsafe fn outputs(api: Api, exe: *mut sys::PJRT_Executable) -> Result<Vec<ArraySpec>> {
+    // SAFETY: forwarded from the caller.
+    let (count, types, dims) = unsafe {
+        (
+            result::executable::num_outputs(api, exe)?,
+            result::executable::output_element_types(api, exe)?,
+            result::executable::output_dimensions(api, exe)?,
+        )
+    };
+    if types.len() != count || dims.len() != count {
+        return Err(XlaError::invalid(
+            "PJRT_Executable_OutputElementTypes.num_output_types",
+            types.len(),
+            format!("the executable reports {count} outputs"),
+        ));
     }
+    Ok(types
+        .into_iter()
+        .zip(dims)
+        .map(|(t, shape)| ArraySpec { dtype: dtype::from_pjrt(t), shape })
+        .collect())
+}
+
+/// The serialized `HloModuleProto` of the optimized program: its size is asked
+/// first, then it is read into a buffer of that size, as the header asks.
+///
+/// # Safety
+/// `exe` must be live.
+unsafe fn optimized_program(api: Api, exe: *mut sys::PJRT_Executable) -> Result<Vec<u8>> {
+    // SAFETY: forwarded from the caller.
+    let mut code = vec![0u8; unsafe { result::executable::optimized_program_size(api, exe)? }];
+    // SAFETY: as above; `code` has the size the plugin asked for.
+    let written = unsafe { result::executable::optimized_program_into(api, exe, &mut code)? };
+    code.truncate(written);
+    Ok(code)
 }
 
 impl Executable {
@@ -278,8 +321,9 @@ impl Executable {
             None => std::ptr::null_mut(),
         };
         // SAFETY: the executable, the inputs (held by the caller) and the device are live.
-        let (outs, complete) =
-            unsafe { api.execute(self.raw, raw_inputs, self.outputs.len(), device, non_donatable)? };
+        let (outs, complete) = unsafe {
+            result::executable::execute(api, self.raw, raw_inputs, self.outputs.len(), device, non_donatable)?
+        };
         // SAFETY: an owned event (dropped: readiness is tracked per output buffer).
         drop(unsafe { Event::from_raw(api, complete) });
         let mut buffers = Vec::with_capacity(outs.len());
@@ -290,7 +334,7 @@ impl Executable {
             }
             if failed.is_some() {
                 // SAFETY: owned output, destroyed once.
-                let _ = unsafe { api.buffer_destroy(raw) };
+                let _ = unsafe { result::buffer::destroy(api, raw) };
                 continue;
             }
             // SAFETY: an owned output buffer of this client.

@@ -17,13 +17,16 @@
 //! # Ok::<(), handoff_xla::XlaError>(())
 //! ```
 //!
-//! Underneath, three layers, as in cudarc:
-//! - [`sys`]: own `repr(C)` bindings of PJRT C API **0.115** (no bindgen), loaded
-//!   with `libloading`;
-//! - [`result`]: thin wrappers turning a `PJRT_Error` into [`XlaError::Pjrt`] (its
-//!   message and code), destroying the error;
-//! - safe RAII types: [`Plugin`] (loaded once, never unloaded), [`Client`],
-//!   [`Device`], [`Executable`], [`Buffer`], [`Event`], each destroyed exactly once.
+//! Underneath, three layers, as in cudarc (the first two private):
+//! - `sys`: own `repr(C)` bindings of PJRT C API **0.115** (no bindgen), loaded
+//!   with `libloading`; each argument struct declares its size, its function's slot
+//!   in the `PJRT_Api` table and its C name, so a call can only pass a function its
+//!   own struct;
+//! - `result`: thin wrappers, one PJRT call each, turning a `PJRT_Error` into
+//!   [`XlaError::Pjrt`] (its message and code), destroying the error;
+//! - safe RAII types: [`Plugin`] (loaded once, never unloaded), [`Client`] (every
+//!   method in one place), [`Device`], [`Executable`], [`Buffer`], [`Event`], each
+//!   destroyed exactly once; [`ClientOptions`] and the named values in `options`.
 //!
 //! Exchange: [`Buffer`] is `StreamOrdered` and `Export` like every adapter's type, and
 //! imports into a [`Client`] (`ImportInto<Client>`: `handoff::transfer_into(value,
@@ -39,20 +42,21 @@ pub mod exchange;
 mod executable;
 pub mod hlo;
 mod kernel;
+mod options;
 mod plugin;
-pub mod result;
-pub mod sys;
+mod result;
+mod sys;
 
 pub use artifact::Artifact;
 pub use buffer::{Buffer, Event, ViewWatch};
-pub use client::{Client, ClientOptions, Device};
+pub use client::{Client, Device};
 pub use error::{ErrorCode, Result, XlaError};
 pub use exchange::{Borrowed, CPU_ALIGNMENT, ImportOptions};
 pub use executable::{CompileOptions, Executable, Program};
 pub use hlo::ArraySpec;
 pub use kernel::{Args, AsIs, CallOptions, Imported, Inputs, Kernel, Output, Outputs, Source};
+pub use options::{ClientOptions, OptionValue, Value};
 pub use plugin::{PLUGIN_ENV, Plugin};
-pub use result::{OptionValue, Value};
 
 fn probe() -> Vec<handoff_runtime::registry::Probe> {
     use handoff_runtime::registry::Probe;

@@ -3,8 +3,9 @@
 //! unloaded (plugins register process-wide state that outlives a `dlclose`).
 
 use crate::error::{Result, XlaError};
-use crate::result::{Api, Value};
-use crate::sys;
+use crate::options::{self, Value};
+use crate::result::{self, Api};
+use crate::sys::{self, Struct};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -98,7 +99,8 @@ impl Plugin {
                 .and_then(|t| sys::EXTENSION_NAMES.get(t))
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| format!("Type{}", base.type_));
-            if base.type_ == sys::EXTENSION_TYPE_STREAM && base.struct_size >= sys::PJRT_Stream_Extension_SIZE
+            if base.type_ == sys::EXTENSION_TYPE_STREAM
+                && base.struct_size >= sys::PJRT_Stream_Extension::SIZE
             {
                 // SAFETY: a Stream extension at least as large as the bound struct.
                 stream = Some(unsafe { &*(ext as *const sys::PJRT_Stream_Extension) });
@@ -106,7 +108,7 @@ impl Plugin {
             extensions.push(name);
             ext = base.next;
         }
-        api.plugin_initialize()?;
+        result::plugin::initialize(api)?;
         let plugin: &'static Plugin = Box::leak(Box::new(Plugin { api, path, version, extensions, stream }));
         loaded.push(plugin);
         Ok(plugin)
@@ -134,7 +136,7 @@ impl Plugin {
     }
 
     /// The raw API table wrappers.
-    pub fn api(&self) -> Api {
+    pub(crate) fn api(&self) -> Api {
         self.api
     }
 
@@ -155,11 +157,13 @@ impl Plugin {
 
     /// The plugin's attributes (`xla_version`, `stablehlo_current_version`, ...).
     pub fn attributes(&self) -> Result<Vec<(String, Value)>> {
-        self.api.plugin_attributes()
+        let raw = result::plugin::attributes(self.api)?;
+        // SAFETY: the plugin's attributes, valid for the process.
+        Ok(unsafe { options::named_values(raw) })
     }
 
     /// The stream extension (CUDA plugins have it; the CPU plugin does not).
-    pub fn stream_extension(&self) -> Option<&'static sys::PJRT_Stream_Extension> {
+    pub(crate) fn stream_extension(&self) -> Option<&'static sys::PJRT_Stream_Extension> {
         self.stream
     }
 

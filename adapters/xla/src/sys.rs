@@ -2,15 +2,21 @@
 //! written from `xla/pjrt/c/pjrt_c_api.h` and `pjrt_c_api_stream_extension.h`.
 //!
 //! Bound version: **PJRT C API 0.115** (what JAX 0.11.2's CPU and CUDA plugins report).
-//! Every `*_SIZE` constant is the struct's `PJRT_STRUCT_SIZE` at that version, and
-//! equals what the 0.115 CPU plugin expects: each was checked against the plugin's
-//! own "expected N" message for a too-small struct (all argument structs below except
-//! `CreateViewOfDeviceBuffer_Args`, which the CPU plugin does not size-check, and the
-//! stream extension's, which it lacks). The function-slot indices were checked the
-//! same way (the messages name the struct of each slot).
 //!
-//! Nothing here is safe to call directly: [`crate::result`] wraps these calls.
-#![allow(non_camel_case_types, non_upper_case_globals, missing_docs)]
+//! Beside each struct, one `pjrt!` line says what the header says of it:
+//! - `size N`: its `PJRT_STRUCT_SIZE` at 0.115 ([`Struct::SIZE`]), which equals what the
+//!   0.115 CPU plugin expects: each was checked against the plugin's own "expected N"
+//!   message for a too-small struct (all argument structs below except
+//!   `CreateViewOfDeviceBuffer_Args`, which the CPU plugin does not size-check, and
+//!   the stream extension's, which it lacks);
+//! - `slot I "NAME"`: the function of `PJRT_Api` that takes it ([`Args`]): its index
+//!   in the function table and its C name. There is one struct per function, so a
+//!   call with the wrong struct does not compile. The indices were checked the same
+//!   way (the plugin's messages name the struct of each slot);
+//! - `Extension.field "NAME"`: the same for an extension's function ([`ExtensionArgs`]).
+//!
+//! Nothing here is safe to call directly: the `result` module wraps these calls.
+#![allow(non_camel_case_types, non_upper_case_globals, dead_code)] // a transcription of the header: C names, some unused values
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -18,6 +24,77 @@ use std::ffi::{c_char, c_int, c_void};
 pub const API_MAJOR: i32 = 0;
 /// The API minor version bound here.
 pub const API_MINOR: i32 = 115;
+
+/// A PJRT struct that starts with `struct_size`.
+pub trait Struct {
+    /// Its `PJRT_STRUCT_SIZE` at 0.115: the offset of its last field plus that
+    /// field's size (so padding after a last 4- or 1-byte field is not counted).
+    const SIZE: usize;
+}
+
+/// The argument struct of one function of the `PJRT_Api` table.
+///
+/// # Safety
+/// Slot `SLOT` of a 0.115 table must be a function taking a pointer to `Self` and
+/// returning an owned `PJRT_Error` or null; `NAME` is that function's C name.
+pub unsafe trait Args: Struct {
+    /// The function's index in the table (0 is `PJRT_Error_Destroy`).
+    const SLOT: usize;
+    /// The function's C name (for errors).
+    const NAME: &'static str;
+}
+
+/// The argument struct of one function of an extension (a struct of typed function
+/// pointers after a [`PJRT_Extension_Base`]).
+///
+/// # Safety
+/// [`function`](Self::function) must return the extension's function that takes
+/// `Self`; `NAME` is its C name.
+pub unsafe trait ExtensionArgs: Struct {
+    /// The extension struct holding the function.
+    type Extension;
+    /// `Extension.field` (for errors).
+    const FIELD: &'static str;
+    /// The function's C name (for errors).
+    const NAME: &'static str;
+    /// The function in `ext`, if the plugin filled it in.
+    fn function(ext: &Self::Extension) -> Option<Function<Self>>;
+}
+
+/// A PJRT function taking an `A` and returning an owned error or null.
+pub type Function<A> = unsafe extern "C" fn(args: *mut A) -> *mut PJRT_Error;
+
+/// Declares, beside a struct, what the 0.115 header says of it (see the module docs),
+/// and checks at compile time that the Rust layout has that size (rounded up to the
+/// struct's alignment, as C's `sizeof` is).
+macro_rules! pjrt {
+    ($ty:ident, size $size:literal $(, $($rest:tt)*)?) => {
+        impl Struct for $ty {
+            const SIZE: usize = $size;
+        }
+        const _: () = assert!(size_of::<$ty>() == <$ty as Struct>::SIZE.next_multiple_of(align_of::<$ty>()));
+        $(pjrt!(@fn $ty, $($rest)*);)?
+    };
+    (@fn $ty:ident, slot $slot:literal $name:literal) => {
+        // SAFETY: the header's function `$name` sits at `$slot` of the 0.115 table and
+        // takes a `$ty` (the slot indices were checked against the 0.115 CPU plugin).
+        unsafe impl Args for $ty {
+            const SLOT: usize = $slot;
+            const NAME: &'static str = $name;
+        }
+    };
+    (@fn $ty:ident, $ext:ident . $field:ident $name:literal) => {
+        // SAFETY: the field's type is `Option<Function<$ty>>` (else this does not compile).
+        unsafe impl ExtensionArgs for $ty {
+            type Extension = $ext;
+            const FIELD: &'static str = concat!(stringify!($ext), ".", stringify!($field));
+            const NAME: &'static str = $name;
+            fn function(ext: &$ext) -> Option<Function<$ty>> {
+                ext.$field
+            }
+        }
+    };
+}
 
 macro_rules! opaque {
     ($($name:ident),* $(,)?) => {$(
@@ -44,7 +121,7 @@ pub struct PJRT_Extension_Base {
     pub type_: c_int,
     pub next: *mut PJRT_Extension_Base,
 }
-pub const PJRT_Extension_Base_SIZE: usize = 24;
+pjrt!(PJRT_Extension_Base, size 24);
 
 /// `PJRT_Extension_Type` values (the enum's order in the header).
 pub const EXTENSION_NAMES: &[&str] = &[
@@ -83,14 +160,16 @@ pub struct PJRT_Api_Version {
 
 // ---------------------------------------------------------------- errors
 
+/// Slot 0 (`PJRT_Error_Destroy`, which returns nothing: a typed field of [`PJRT_Api`]).
 #[repr(C)]
 pub struct PJRT_Error_Destroy_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
     pub error: *mut PJRT_Error,
 }
-pub const PJRT_Error_Destroy_Args_SIZE: usize = 24;
+pjrt!(PJRT_Error_Destroy_Args, size 24);
 
+/// Slot 1 (`PJRT_Error_Message`, which returns nothing: a typed field of [`PJRT_Api`]).
 #[repr(C)]
 pub struct PJRT_Error_Message_Args {
     pub struct_size: usize,
@@ -99,7 +178,7 @@ pub struct PJRT_Error_Message_Args {
     pub message: *const c_char,
     pub message_size: usize,
 }
-pub const PJRT_Error_Message_Args_SIZE: usize = 40;
+pjrt!(PJRT_Error_Message_Args, size 40);
 
 #[repr(C)]
 pub struct PJRT_Error_GetCode_Args {
@@ -108,7 +187,7 @@ pub struct PJRT_Error_GetCode_Args {
     pub error: *const PJRT_Error,
     pub code: c_int,
 }
-pub const PJRT_Error_GetCode_Args_SIZE: usize = 28;
+pjrt!(PJRT_Error_GetCode_Args, size 28, slot 2 "PJRT_Error_GetCode");
 
 // ---------------------------------------------------------------- named values
 
@@ -139,7 +218,7 @@ pub struct PJRT_NamedValue {
     pub value: PJRT_NamedValue_Value,
     pub value_size: usize,
 }
-pub const PJRT_NamedValue_SIZE: usize = 56;
+pjrt!(PJRT_NamedValue, size 56);
 
 // ---------------------------------------------------------------- plugin
 
@@ -148,7 +227,7 @@ pub struct PJRT_Plugin_Initialize_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
 }
-pub const PJRT_Plugin_Initialize_Args_SIZE: usize = 16;
+pjrt!(PJRT_Plugin_Initialize_Args, size 16, slot 3 "PJRT_Plugin_Initialize");
 
 #[repr(C)]
 pub struct PJRT_Plugin_Attributes_Args {
@@ -157,18 +236,17 @@ pub struct PJRT_Plugin_Attributes_Args {
     pub attributes: *const PJRT_NamedValue,
     pub num_attributes: usize,
 }
-pub const PJRT_Plugin_Attributes_Args_SIZE: usize = 32;
+pjrt!(PJRT_Plugin_Attributes_Args, size 32, slot 4 "PJRT_Plugin_Attributes");
 
 // ---------------------------------------------------------------- events
 
-/// The shape of `PJRT_Event_Destroy_Args`, `_Error_Args` and `_Await_Args`.
 #[repr(C)]
-pub struct PJRT_Event_Args {
+pub struct PJRT_Event_Destroy_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
     pub event: *mut PJRT_Event,
 }
-pub const PJRT_Event_Args_SIZE: usize = 24;
+pjrt!(PJRT_Event_Destroy_Args, size 24, slot 5 "PJRT_Event_Destroy");
 
 #[repr(C)]
 pub struct PJRT_Event_IsReady_Args {
@@ -177,7 +255,23 @@ pub struct PJRT_Event_IsReady_Args {
     pub event: *mut PJRT_Event,
     pub is_ready: bool,
 }
-pub const PJRT_Event_IsReady_Args_SIZE: usize = 25;
+pjrt!(PJRT_Event_IsReady_Args, size 25, slot 6 "PJRT_Event_IsReady");
+
+#[repr(C)]
+pub struct PJRT_Event_Error_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub event: *mut PJRT_Event,
+}
+pjrt!(PJRT_Event_Error_Args, size 24, slot 7 "PJRT_Event_Error");
+
+#[repr(C)]
+pub struct PJRT_Event_Await_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub event: *mut PJRT_Event,
+}
+pjrt!(PJRT_Event_Await_Args, size 24, slot 8 "PJRT_Event_Await");
 
 pub type PJRT_Event_OnReadyCallback = unsafe extern "C" fn(error: *mut PJRT_Error, user_arg: *mut c_void);
 
@@ -189,7 +283,7 @@ pub struct PJRT_Event_OnReady_Args {
     pub callback: Option<PJRT_Event_OnReadyCallback>,
     pub user_arg: *mut c_void,
 }
-pub const PJRT_Event_OnReady_Args_SIZE: usize = 40;
+pjrt!(PJRT_Event_OnReady_Args, size 40, slot 9 "PJRT_Event_OnReady");
 
 // ---------------------------------------------------------------- client
 
@@ -207,7 +301,7 @@ pub struct PJRT_Client_Create_Args {
     pub kv_try_get_callback: *mut c_void,
     pub kv_try_get_user_arg: *mut c_void,
 }
-pub const PJRT_Client_Create_Args_SIZE: usize = 88;
+pjrt!(PJRT_Client_Create_Args, size 88, slot 10 "PJRT_Client_Create");
 
 #[repr(C)]
 pub struct PJRT_Client_Destroy_Args {
@@ -215,29 +309,37 @@ pub struct PJRT_Client_Destroy_Args {
     pub extension_start: *mut PJRT_Extension_Base,
     pub client: *mut PJRT_Client,
 }
-pub const PJRT_Client_Destroy_Args_SIZE: usize = 24;
+pjrt!(PJRT_Client_Destroy_Args, size 24, slot 11 "PJRT_Client_Destroy");
 
-/// The shape of `PJRT_Client_PlatformName_Args` and `_PlatformVersion_Args`.
 #[repr(C)]
-pub struct PJRT_Client_String_Args {
+pub struct PJRT_Client_PlatformName_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
     pub client: *mut PJRT_Client,
-    pub value: *const c_char,
-    pub value_size: usize,
+    pub platform_name: *const c_char,
+    pub platform_name_size: usize,
 }
-pub const PJRT_Client_String_Args_SIZE: usize = 40;
+pjrt!(PJRT_Client_PlatformName_Args, size 40, slot 12 "PJRT_Client_PlatformName");
 
-/// The shape of `PJRT_Client_Devices_Args` and `_AddressableDevices_Args`.
 #[repr(C)]
-pub struct PJRT_Client_Devices_Args {
+pub struct PJRT_Client_PlatformVersion_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
     pub client: *mut PJRT_Client,
-    pub devices: *const *mut PJRT_Device,
-    pub num_devices: usize,
+    pub platform_version: *const c_char,
+    pub platform_version_size: usize,
 }
-pub const PJRT_Client_Devices_Args_SIZE: usize = 40;
+pjrt!(PJRT_Client_PlatformVersion_Args, size 40, slot 14 "PJRT_Client_PlatformVersion");
+
+#[repr(C)]
+pub struct PJRT_Client_AddressableDevices_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub client: *mut PJRT_Client,
+    pub addressable_devices: *const *mut PJRT_Device,
+    pub num_addressable_devices: usize,
+}
+pjrt!(PJRT_Client_AddressableDevices_Args, size 40, slot 16 "PJRT_Client_AddressableDevices");
 
 #[repr(C)]
 pub struct PJRT_Program {
@@ -248,7 +350,7 @@ pub struct PJRT_Program {
     pub format: *const c_char,
     pub format_size: usize,
 }
-pub const PJRT_Program_SIZE: usize = 48;
+pjrt!(PJRT_Program, size 48);
 
 #[repr(C)]
 pub struct PJRT_Client_Compile_Args {
@@ -260,7 +362,7 @@ pub struct PJRT_Client_Compile_Args {
     pub compile_options_size: usize,
     pub executable: *mut PJRT_LoadedExecutable,
 }
-pub const PJRT_Client_Compile_Args_SIZE: usize = 56;
+pjrt!(PJRT_Client_Compile_Args, size 56, slot 20 "PJRT_Client_Compile");
 
 pub const HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL: c_int = 0;
 
@@ -282,7 +384,7 @@ pub struct PJRT_Client_BufferFromHostBuffer_Args {
     pub done_with_host_buffer: *mut PJRT_Event,
     pub buffer: *mut PJRT_Buffer,
 }
-pub const PJRT_Client_BufferFromHostBuffer_Args_SIZE: usize = 120;
+pjrt!(PJRT_Client_BufferFromHostBuffer_Args, size 120, slot 22 "PJRT_Client_BufferFromHostBuffer");
 
 pub type OnDeleteCallback = unsafe extern "C" fn(device_buffer_ptr: *mut c_void, user_arg: *mut c_void);
 
@@ -303,28 +405,9 @@ pub struct PJRT_Client_CreateViewOfDeviceBuffer_Args {
     pub buffer: *mut PJRT_Buffer,
     pub memory: *mut PJRT_Memory,
 }
-pub const PJRT_Client_CreateViewOfDeviceBuffer_Args_SIZE: usize = 112;
+pjrt!(PJRT_Client_CreateViewOfDeviceBuffer_Args, size 112, slot 93 "PJRT_Client_CreateViewOfDeviceBuffer");
 
 // ---------------------------------------------------------------- devices
-
-/// The shape of `PJRT_Device_GetDescription_Args`.
-#[repr(C)]
-pub struct PJRT_Device_GetDescription_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut PJRT_Extension_Base,
-    pub device: *mut PJRT_Device,
-    pub device_description: *mut PJRT_DeviceDescription,
-}
-pub const PJRT_Device_GetDescription_Args_SIZE: usize = 32;
-
-#[repr(C)]
-pub struct PJRT_Device_LocalHardwareId_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut PJRT_Extension_Base,
-    pub device: *mut PJRT_Device,
-    pub local_hardware_id: c_int,
-}
-pub const PJRT_Device_LocalHardwareId_Args_SIZE: usize = 28;
 
 #[repr(C)]
 pub struct PJRT_DeviceDescription_Id_Args {
@@ -333,18 +416,35 @@ pub struct PJRT_DeviceDescription_Id_Args {
     pub device_description: *mut PJRT_DeviceDescription,
     pub id: c_int,
 }
-pub const PJRT_DeviceDescription_Id_Args_SIZE: usize = 28;
+pjrt!(PJRT_DeviceDescription_Id_Args, size 28, slot 23 "PJRT_DeviceDescription_Id");
 
-/// The shape of `PJRT_DeviceDescription_Kind_Args` and `_ToString_Args`.
 #[repr(C)]
-pub struct PJRT_DeviceDescription_String_Args {
+pub struct PJRT_DeviceDescription_Kind_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
     pub device_description: *mut PJRT_DeviceDescription,
-    pub value: *const c_char,
-    pub value_size: usize,
+    pub device_kind: *const c_char,
+    pub device_kind_size: usize,
 }
-pub const PJRT_DeviceDescription_String_Args_SIZE: usize = 40;
+pjrt!(PJRT_DeviceDescription_Kind_Args, size 40, slot 26 "PJRT_DeviceDescription_Kind");
+
+#[repr(C)]
+pub struct PJRT_Device_GetDescription_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub device: *mut PJRT_Device,
+    pub device_description: *mut PJRT_DeviceDescription,
+}
+pjrt!(PJRT_Device_GetDescription_Args, size 32, slot 29 "PJRT_Device_GetDescription");
+
+#[repr(C)]
+pub struct PJRT_Device_LocalHardwareId_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub device: *mut PJRT_Device,
+    pub local_hardware_id: c_int,
+}
+pjrt!(PJRT_Device_LocalHardwareId_Args, size 28, slot 31 "PJRT_Device_LocalHardwareId");
 
 // ---------------------------------------------------------------- executables
 
@@ -354,24 +454,7 @@ pub struct PJRT_Executable_Destroy_Args {
     pub extension_start: *mut PJRT_Extension_Base,
     pub executable: *mut PJRT_Executable,
 }
-pub const PJRT_Executable_Destroy_Args_SIZE: usize = 24;
-
-#[repr(C)]
-pub struct PJRT_LoadedExecutable_Destroy_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut PJRT_Extension_Base,
-    pub executable: *mut PJRT_LoadedExecutable,
-}
-pub const PJRT_LoadedExecutable_Destroy_Args_SIZE: usize = 24;
-
-#[repr(C)]
-pub struct PJRT_LoadedExecutable_GetExecutable_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut PJRT_Extension_Base,
-    pub loaded_executable: *mut PJRT_LoadedExecutable,
-    pub executable: *mut PJRT_Executable,
-}
-pub const PJRT_LoadedExecutable_GetExecutable_Args_SIZE: usize = 32;
+pjrt!(PJRT_Executable_Destroy_Args, size 24, slot 40 "PJRT_Executable_Destroy");
 
 #[repr(C)]
 pub struct PJRT_Executable_NumOutputs_Args {
@@ -380,7 +463,7 @@ pub struct PJRT_Executable_NumOutputs_Args {
     pub executable: *mut PJRT_Executable,
     pub num_outputs: usize,
 }
-pub const PJRT_Executable_NumOutputs_Args_SIZE: usize = 32;
+pjrt!(PJRT_Executable_NumOutputs_Args, size 32, slot 44 "PJRT_Executable_NumOutputs");
 
 #[repr(C)]
 pub struct PJRT_Executable_OptimizedProgram_Args {
@@ -389,28 +472,24 @@ pub struct PJRT_Executable_OptimizedProgram_Args {
     pub executable: *mut PJRT_Executable,
     pub program: *mut PJRT_Program,
 }
-pub const PJRT_Executable_OptimizedProgram_Args_SIZE: usize = 32;
+pjrt!(PJRT_Executable_OptimizedProgram_Args, size 32, slot 48 "PJRT_Executable_OptimizedProgram");
 
 #[repr(C)]
-pub struct PJRT_Executable_OutputElementTypes_Args {
+pub struct PJRT_LoadedExecutable_Destroy_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
-    pub executable: *mut PJRT_Executable,
-    pub output_types: *const c_int,
-    pub num_output_types: usize,
+    pub executable: *mut PJRT_LoadedExecutable,
 }
-pub const PJRT_Executable_OutputElementTypes_Args_SIZE: usize = 40;
+pjrt!(PJRT_LoadedExecutable_Destroy_Args, size 24, slot 50 "PJRT_LoadedExecutable_Destroy");
 
 #[repr(C)]
-pub struct PJRT_Executable_OutputDimensions_Args {
+pub struct PJRT_LoadedExecutable_GetExecutable_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
+    pub loaded_executable: *mut PJRT_LoadedExecutable,
     pub executable: *mut PJRT_Executable,
-    pub num_outputs: usize,
-    pub dims: *const i64,
-    pub dim_sizes: *const usize,
 }
-pub const PJRT_Executable_OutputDimensions_Args_SIZE: usize = 48;
+pjrt!(PJRT_LoadedExecutable_GetExecutable_Args, size 32, slot 51 "PJRT_LoadedExecutable_GetExecutable");
 
 #[repr(C)]
 pub struct PJRT_ExecuteOptions {
@@ -429,7 +508,7 @@ pub struct PJRT_ExecuteOptions {
     pub task_ids: *mut c_int,
     pub incarnation_ids: *mut i64,
 }
-pub const PJRT_ExecuteOptions_SIZE: usize = 112;
+pjrt!(PJRT_ExecuteOptions, size 112);
 
 #[repr(C)]
 pub struct PJRT_LoadedExecutable_Execute_Args {
@@ -444,19 +523,38 @@ pub struct PJRT_LoadedExecutable_Execute_Args {
     pub device_complete_events: *mut *mut PJRT_Event,
     pub execute_device: *mut PJRT_Device,
 }
-pub const PJRT_LoadedExecutable_Execute_Args_SIZE: usize = 80;
+pjrt!(PJRT_LoadedExecutable_Execute_Args, size 80, slot 55 "PJRT_LoadedExecutable_Execute");
+
+#[repr(C)]
+pub struct PJRT_Executable_OutputElementTypes_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub executable: *mut PJRT_Executable,
+    pub output_types: *const c_int,
+    pub num_output_types: usize,
+}
+pjrt!(PJRT_Executable_OutputElementTypes_Args, size 40, slot 90 "PJRT_Executable_OutputElementTypes");
+
+#[repr(C)]
+pub struct PJRT_Executable_OutputDimensions_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub executable: *mut PJRT_Executable,
+    pub num_outputs: usize,
+    pub dims: *const i64,
+    pub dim_sizes: *const usize,
+}
+pjrt!(PJRT_Executable_OutputDimensions_Args, size 48, slot 91 "PJRT_Executable_OutputDimensions");
 
 // ---------------------------------------------------------------- buffers
 
-/// The shape of `PJRT_Buffer_Destroy_Args`, `_IncreaseExternalReferenceCount_Args`
-/// and `_DecreaseExternalReferenceCount_Args`.
 #[repr(C)]
-pub struct PJRT_Buffer_Args {
+pub struct PJRT_Buffer_Destroy_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
     pub buffer: *mut PJRT_Buffer,
 }
-pub const PJRT_Buffer_Args_SIZE: usize = 24;
+pjrt!(PJRT_Buffer_Destroy_Args, size 24, slot 58 "PJRT_Buffer_Destroy");
 
 #[repr(C)]
 pub struct PJRT_Buffer_ElementType_Args {
@@ -465,7 +563,7 @@ pub struct PJRT_Buffer_ElementType_Args {
     pub buffer: *mut PJRT_Buffer,
     pub type_: c_int,
 }
-pub const PJRT_Buffer_ElementType_Args_SIZE: usize = 28;
+pjrt!(PJRT_Buffer_ElementType_Args, size 28, slot 59 "PJRT_Buffer_ElementType");
 
 #[repr(C)]
 pub struct PJRT_Buffer_Dimensions_Args {
@@ -475,18 +573,7 @@ pub struct PJRT_Buffer_Dimensions_Args {
     pub dims: *const i64,
     pub num_dims: usize,
 }
-pub const PJRT_Buffer_Dimensions_Args_SIZE: usize = 40;
-
-/// The shape of `PJRT_Buffer_Device_Args`, `_ReadyEvent_Args` and
-/// `_OpaqueDeviceMemoryDataPointer_Args`: one pointer out.
-#[repr(C)]
-pub struct PJRT_Buffer_PtrOut_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut PJRT_Extension_Base,
-    pub buffer: *mut PJRT_Buffer,
-    pub out: *mut c_void,
-}
-pub const PJRT_Buffer_PtrOut_Args_SIZE: usize = 32;
+pjrt!(PJRT_Buffer_Dimensions_Args, size 40, slot 60 "PJRT_Buffer_Dimensions");
 
 #[repr(C)]
 pub struct PJRT_Buffer_OnDeviceSizeInBytes_Args {
@@ -495,7 +582,16 @@ pub struct PJRT_Buffer_OnDeviceSizeInBytes_Args {
     pub buffer: *mut PJRT_Buffer,
     pub on_device_size_in_bytes: usize,
 }
-pub const PJRT_Buffer_OnDeviceSizeInBytes_Args_SIZE: usize = 32;
+pjrt!(PJRT_Buffer_OnDeviceSizeInBytes_Args, size 32, slot 64 "PJRT_Buffer_OnDeviceSizeInBytes");
+
+#[repr(C)]
+pub struct PJRT_Buffer_Device_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub buffer: *mut PJRT_Buffer,
+    pub device: *mut PJRT_Device,
+}
+pjrt!(PJRT_Buffer_Device_Args, size 32, slot 65 "PJRT_Buffer_Device");
 
 #[repr(C)]
 pub struct PJRT_Buffer_ToHostBuffer_Args {
@@ -507,9 +603,65 @@ pub struct PJRT_Buffer_ToHostBuffer_Args {
     pub dst_size: usize,
     pub event: *mut PJRT_Event,
 }
-pub const PJRT_Buffer_ToHostBuffer_Args_SIZE: usize = 56;
+pjrt!(PJRT_Buffer_ToHostBuffer_Args, size 56, slot 70 "PJRT_Buffer_ToHostBuffer");
+
+#[repr(C)]
+pub struct PJRT_Buffer_ReadyEvent_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub buffer: *mut PJRT_Buffer,
+    pub event: *mut PJRT_Event,
+}
+pjrt!(PJRT_Buffer_ReadyEvent_Args, size 32, slot 72 "PJRT_Buffer_ReadyEvent");
+
+#[repr(C)]
+pub struct PJRT_Buffer_IncreaseExternalReferenceCount_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub buffer: *mut PJRT_Buffer,
+}
+pjrt!(
+    PJRT_Buffer_IncreaseExternalReferenceCount_Args,
+    size 24,
+    slot 74 "PJRT_Buffer_IncreaseExternalReferenceCount"
+);
+
+#[repr(C)]
+pub struct PJRT_Buffer_DecreaseExternalReferenceCount_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub buffer: *mut PJRT_Buffer,
+}
+pjrt!(
+    PJRT_Buffer_DecreaseExternalReferenceCount_Args,
+    size 24,
+    slot 75 "PJRT_Buffer_DecreaseExternalReferenceCount"
+);
+
+#[repr(C)]
+pub struct PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub buffer: *mut PJRT_Buffer,
+    pub device_memory_ptr: *mut c_void,
+}
+pjrt!(
+    PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args,
+    size 32,
+    slot 76 "PJRT_Buffer_OpaqueDeviceMemoryDataPointer"
+);
 
 // ---------------------------------------------------------------- stream extension
+
+/// The Stream extension (`PJRT_Extension_Type` 3). Its argument structs have no
+/// `extension_start`.
+#[repr(C)]
+pub struct PJRT_Stream_Extension {
+    pub base: PJRT_Extension_Base,
+    pub get_stream: Option<Function<PJRT_Get_Stream_For_External_Ready_Events_Args>>,
+    pub wait_stream: Option<Function<PJRT_Wait_Until_Buffer_Ready_On_Stream_Args>>,
+}
+pjrt!(PJRT_Stream_Extension, size 40);
 
 #[repr(C)]
 pub struct PJRT_Get_Stream_For_External_Ready_Events_Args {
@@ -517,7 +669,11 @@ pub struct PJRT_Get_Stream_For_External_Ready_Events_Args {
     pub device: *mut PJRT_Device,
     pub stream: isize,
 }
-pub const PJRT_Get_Stream_For_External_Ready_Events_Args_SIZE: usize = 24;
+pjrt!(
+    PJRT_Get_Stream_For_External_Ready_Events_Args,
+    size 24,
+    PJRT_Stream_Extension.get_stream "PJRT_Get_Stream_For_External_Ready_Events"
+);
 
 #[repr(C)]
 pub struct PJRT_Wait_Until_Buffer_Ready_On_Stream_Args {
@@ -525,82 +681,32 @@ pub struct PJRT_Wait_Until_Buffer_Ready_On_Stream_Args {
     pub stream: isize,
     pub buffer: *mut PJRT_Buffer,
 }
-pub const PJRT_Wait_Until_Buffer_Ready_On_Stream_Args_SIZE: usize = 24;
-
-/// A function taking one argument struct and returning an error or null.
-pub type Fn = unsafe extern "C" fn(args: *mut c_void) -> *mut PJRT_Error;
-
-#[repr(C)]
-pub struct PJRT_Stream_Extension {
-    pub base: PJRT_Extension_Base,
-    pub get_stream: Option<Fn>,
-    pub wait_stream: Option<Fn>,
-}
-pub const PJRT_Stream_Extension_SIZE: usize = 40;
+pjrt!(
+    PJRT_Wait_Until_Buffer_Ready_On_Stream_Args,
+    size 24,
+    PJRT_Stream_Extension.wait_stream "PJRT_Wait_Until_Buffer_Ready_On_Stream"
+);
 
 // ---------------------------------------------------------------- the table
 
-pub type ErrorDestroyFn = unsafe extern "C" fn(args: *mut PJRT_Error_Destroy_Args);
-pub type ErrorMessageFn = unsafe extern "C" fn(args: *mut PJRT_Error_Message_Args);
-
-/// The head of `PJRT_Api`, then its function table. Slots are read by index
-/// ([`slot`]), after checking that the plugin's `struct_size` covers them.
+/// The head of `PJRT_Api`, then its function table: slots 0 and 1 (which return
+/// nothing) are typed here; every other slot is read by the index its argument
+/// struct declares ([`Args::SLOT`]), after checking that the plugin's `struct_size`
+/// covers it.
 #[repr(C)]
 pub struct PJRT_Api {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
     pub pjrt_api_version: PJRT_Api_Version,
-    pub error_destroy: Option<ErrorDestroyFn>,
-    pub error_message: Option<ErrorMessageFn>,
-    // ... followed by the other functions, read through `slot`.
+    pub error_destroy: Option<unsafe extern "C" fn(args: *mut PJRT_Error_Destroy_Args)>,
+    pub error_message: Option<unsafe extern "C" fn(args: *mut PJRT_Error_Message_Args)>,
+    // ... followed by the other functions, read by `Args::SLOT`.
 }
 
 /// Byte offset of function slot 0 in `PJRT_Api`.
 pub const API_TABLE_OFFSET: usize = 40;
 /// The size of `PJRT_Api` at 0.115 (138 function slots).
 pub const PJRT_Api_SIZE: usize = API_TABLE_OFFSET + 138 * 8;
-
-/// Indices of the function slots handoff calls, in `PJRT_Api` order.
-pub mod slot {
-    pub const ERROR_GET_CODE: usize = 2;
-    pub const PLUGIN_INITIALIZE: usize = 3;
-    pub const PLUGIN_ATTRIBUTES: usize = 4;
-    pub const EVENT_DESTROY: usize = 5;
-    pub const EVENT_IS_READY: usize = 6;
-    pub const EVENT_ERROR: usize = 7;
-    pub const EVENT_AWAIT: usize = 8;
-    pub const EVENT_ON_READY: usize = 9;
-    pub const CLIENT_CREATE: usize = 10;
-    pub const CLIENT_DESTROY: usize = 11;
-    pub const CLIENT_PLATFORM_NAME: usize = 12;
-    pub const CLIENT_PLATFORM_VERSION: usize = 14;
-    pub const CLIENT_ADDRESSABLE_DEVICES: usize = 16;
-    pub const CLIENT_COMPILE: usize = 20;
-    pub const CLIENT_BUFFER_FROM_HOST_BUFFER: usize = 22;
-    pub const DEVICE_DESCRIPTION_ID: usize = 23;
-    pub const DEVICE_DESCRIPTION_KIND: usize = 26;
-    pub const DEVICE_GET_DESCRIPTION: usize = 29;
-    pub const DEVICE_LOCAL_HARDWARE_ID: usize = 31;
-    pub const EXECUTABLE_DESTROY: usize = 40;
-    pub const EXECUTABLE_NUM_OUTPUTS: usize = 44;
-    pub const EXECUTABLE_OPTIMIZED_PROGRAM: usize = 48;
-    pub const LOADED_EXECUTABLE_DESTROY: usize = 50;
-    pub const LOADED_EXECUTABLE_GET_EXECUTABLE: usize = 51;
-    pub const LOADED_EXECUTABLE_EXECUTE: usize = 55;
-    pub const BUFFER_DESTROY: usize = 58;
-    pub const BUFFER_ELEMENT_TYPE: usize = 59;
-    pub const BUFFER_DIMENSIONS: usize = 60;
-    pub const BUFFER_ON_DEVICE_SIZE_IN_BYTES: usize = 64;
-    pub const BUFFER_DEVICE: usize = 65;
-    pub const BUFFER_TO_HOST_BUFFER: usize = 70;
-    pub const BUFFER_READY_EVENT: usize = 72;
-    pub const BUFFER_INCREASE_EXTERNAL_REFERENCE_COUNT: usize = 74;
-    pub const BUFFER_DECREASE_EXTERNAL_REFERENCE_COUNT: usize = 75;
-    pub const BUFFER_OPAQUE_DEVICE_MEMORY_DATA_POINTER: usize = 76;
-    pub const EXECUTABLE_OUTPUT_ELEMENT_TYPES: usize = 90;
-    pub const EXECUTABLE_OUTPUT_DIMENSIONS: usize = 91;
-    pub const CLIENT_CREATE_VIEW_OF_DEVICE_BUFFER: usize = 93;
-}
 
 // `PJRT_Buffer_Type` values.
 pub const BUFFER_TYPE_INVALID: c_int = 0;
@@ -632,81 +738,85 @@ pub const BUFFER_TYPE_F4E2M1FN: c_int = 29;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::size_of;
+    use std::mem::{align_of, size_of};
+
+    /// The figure beside each struct (its `PJRT_STRUCT_SIZE` at 0.115) against its Rust
+    /// layout: C's `sizeof` is `PJRT_STRUCT_SIZE` rounded up to the alignment (padding
+    /// after a last 4- or 1-byte field is not counted in `struct_size`).
+    fn layout<S: Struct>() {
+        let name = std::any::type_name::<S>();
+        assert_eq!(size_of::<S>(), S::SIZE.next_multiple_of(align_of::<S>()), "{name}");
+    }
+
+    /// The size, and a slot of the table that no other struct takes, named after it.
+    fn function<A: Args>(slots: &mut Vec<usize>) {
+        layout::<A>();
+        let name = std::any::type_name::<A>();
+        assert!(name.ends_with(&format!("::{}_Args", A::NAME)), "{name} names {}", A::NAME);
+        assert!(API_TABLE_OFFSET + (A::SLOT + 1) * 8 <= PJRT_Api_SIZE, "{name}: slot {}", A::SLOT);
+        assert!(!slots.contains(&A::SLOT), "{name}: slot {} taken twice", A::SLOT);
+        slots.push(A::SLOT);
+    }
+
+    fn extension<A: ExtensionArgs>() {
+        layout::<A>();
+        let name = std::any::type_name::<A>();
+        assert!(name.ends_with(&format!("::{}_Args", A::NAME)), "{name} names {}", A::NAME);
+    }
 
     #[test]
-    fn struct_sizes_match_the_0_115_header() {
-        assert_eq!(size_of::<PJRT_Extension_Base>(), PJRT_Extension_Base_SIZE);
-        assert_eq!(size_of::<PJRT_Error_Destroy_Args>(), PJRT_Error_Destroy_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Error_Message_Args>(), PJRT_Error_Message_Args_SIZE);
-        // C's STRUCT_SIZE is offsetof(last) + sizeof(last): padding after a last
-        // 4- or 1-byte field is not counted.
-        assert_eq!(size_of::<PJRT_Error_GetCode_Args>(), 32);
-        assert_eq!(PJRT_Error_GetCode_Args_SIZE, 28);
-        assert_eq!(size_of::<PJRT_NamedValue>(), PJRT_NamedValue_SIZE);
-        assert_eq!(size_of::<PJRT_Plugin_Initialize_Args>(), PJRT_Plugin_Initialize_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Plugin_Attributes_Args>(), PJRT_Plugin_Attributes_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Event_Args>(), PJRT_Event_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Event_IsReady_Args>(), 32);
-        assert_eq!(size_of::<PJRT_Event_OnReady_Args>(), PJRT_Event_OnReady_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Client_Create_Args>(), PJRT_Client_Create_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Client_Destroy_Args>(), PJRT_Client_Destroy_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Client_String_Args>(), PJRT_Client_String_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Client_Devices_Args>(), PJRT_Client_Devices_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Program>(), PJRT_Program_SIZE);
-        assert_eq!(size_of::<PJRT_Client_Compile_Args>(), PJRT_Client_Compile_Args_SIZE);
-        assert_eq!(
-            size_of::<PJRT_Client_BufferFromHostBuffer_Args>(),
-            PJRT_Client_BufferFromHostBuffer_Args_SIZE
-        );
-        assert_eq!(
-            size_of::<PJRT_Client_CreateViewOfDeviceBuffer_Args>(),
-            PJRT_Client_CreateViewOfDeviceBuffer_Args_SIZE
-        );
-        assert_eq!(size_of::<PJRT_Device_GetDescription_Args>(), PJRT_Device_GetDescription_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Device_LocalHardwareId_Args>(), 32);
-        assert_eq!(size_of::<PJRT_DeviceDescription_Id_Args>(), 32);
-        assert_eq!(size_of::<PJRT_DeviceDescription_String_Args>(), PJRT_DeviceDescription_String_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Executable_Destroy_Args>(), PJRT_Executable_Destroy_Args_SIZE);
-        assert_eq!(size_of::<PJRT_LoadedExecutable_Destroy_Args>(), PJRT_LoadedExecutable_Destroy_Args_SIZE);
-        assert_eq!(
-            size_of::<PJRT_LoadedExecutable_GetExecutable_Args>(),
-            PJRT_LoadedExecutable_GetExecutable_Args_SIZE
-        );
-        assert_eq!(size_of::<PJRT_Executable_NumOutputs_Args>(), PJRT_Executable_NumOutputs_Args_SIZE);
-        assert_eq!(
-            size_of::<PJRT_Executable_OptimizedProgram_Args>(),
-            PJRT_Executable_OptimizedProgram_Args_SIZE
-        );
-        assert_eq!(
-            size_of::<PJRT_Executable_OutputElementTypes_Args>(),
-            PJRT_Executable_OutputElementTypes_Args_SIZE
-        );
-        assert_eq!(
-            size_of::<PJRT_Executable_OutputDimensions_Args>(),
-            PJRT_Executable_OutputDimensions_Args_SIZE
-        );
-        assert_eq!(size_of::<PJRT_ExecuteOptions>(), PJRT_ExecuteOptions_SIZE);
-        assert_eq!(size_of::<PJRT_LoadedExecutable_Execute_Args>(), PJRT_LoadedExecutable_Execute_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Buffer_Args>(), PJRT_Buffer_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Buffer_ElementType_Args>(), 32);
-        assert_eq!(size_of::<PJRT_Buffer_Dimensions_Args>(), PJRT_Buffer_Dimensions_Args_SIZE);
-        assert_eq!(size_of::<PJRT_Buffer_PtrOut_Args>(), PJRT_Buffer_PtrOut_Args_SIZE);
-        assert_eq!(
-            size_of::<PJRT_Buffer_OnDeviceSizeInBytes_Args>(),
-            PJRT_Buffer_OnDeviceSizeInBytes_Args_SIZE
-        );
-        assert_eq!(size_of::<PJRT_Buffer_ToHostBuffer_Args>(), PJRT_Buffer_ToHostBuffer_Args_SIZE);
-        assert_eq!(
-            size_of::<PJRT_Get_Stream_For_External_Ready_Events_Args>(),
-            PJRT_Get_Stream_For_External_Ready_Events_Args_SIZE
-        );
-        assert_eq!(
-            size_of::<PJRT_Wait_Until_Buffer_Ready_On_Stream_Args>(),
-            PJRT_Wait_Until_Buffer_Ready_On_Stream_Args_SIZE
-        );
-        assert_eq!(size_of::<PJRT_Stream_Extension>(), PJRT_Stream_Extension_SIZE);
+    fn struct_sizes_and_slots_match_the_0_115_header() {
+        layout::<PJRT_Extension_Base>();
+        layout::<PJRT_Error_Destroy_Args>();
+        layout::<PJRT_Error_Message_Args>();
+        layout::<PJRT_NamedValue>();
+        layout::<PJRT_Program>();
+        layout::<PJRT_ExecuteOptions>();
+        layout::<PJRT_Stream_Extension>();
+        extension::<PJRT_Get_Stream_For_External_Ready_Events_Args>();
+        extension::<PJRT_Wait_Until_Buffer_Ready_On_Stream_Args>();
+        let mut slots = vec![0, 1];
+        let s = &mut slots;
+        function::<PJRT_Error_GetCode_Args>(s);
+        function::<PJRT_Plugin_Initialize_Args>(s);
+        function::<PJRT_Plugin_Attributes_Args>(s);
+        function::<PJRT_Event_Destroy_Args>(s);
+        function::<PJRT_Event_IsReady_Args>(s);
+        function::<PJRT_Event_Error_Args>(s);
+        function::<PJRT_Event_Await_Args>(s);
+        function::<PJRT_Event_OnReady_Args>(s);
+        function::<PJRT_Client_Create_Args>(s);
+        function::<PJRT_Client_Destroy_Args>(s);
+        function::<PJRT_Client_PlatformName_Args>(s);
+        function::<PJRT_Client_PlatformVersion_Args>(s);
+        function::<PJRT_Client_AddressableDevices_Args>(s);
+        function::<PJRT_Client_Compile_Args>(s);
+        function::<PJRT_Client_BufferFromHostBuffer_Args>(s);
+        function::<PJRT_Client_CreateViewOfDeviceBuffer_Args>(s);
+        function::<PJRT_DeviceDescription_Id_Args>(s);
+        function::<PJRT_DeviceDescription_Kind_Args>(s);
+        function::<PJRT_Device_GetDescription_Args>(s);
+        function::<PJRT_Device_LocalHardwareId_Args>(s);
+        function::<PJRT_Executable_Destroy_Args>(s);
+        function::<PJRT_Executable_NumOutputs_Args>(s);
+        function::<PJRT_Executable_OptimizedProgram_Args>(s);
+        function::<PJRT_LoadedExecutable_Destroy_Args>(s);
+        function::<PJRT_LoadedExecutable_GetExecutable_Args>(s);
+        function::<PJRT_LoadedExecutable_Execute_Args>(s);
+        function::<PJRT_Executable_OutputElementTypes_Args>(s);
+        function::<PJRT_Executable_OutputDimensions_Args>(s);
+        function::<PJRT_Buffer_Destroy_Args>(s);
+        function::<PJRT_Buffer_ElementType_Args>(s);
+        function::<PJRT_Buffer_Dimensions_Args>(s);
+        function::<PJRT_Buffer_OnDeviceSizeInBytes_Args>(s);
+        function::<PJRT_Buffer_Device_Args>(s);
+        function::<PJRT_Buffer_ToHostBuffer_Args>(s);
+        function::<PJRT_Buffer_ReadyEvent_Args>(s);
+        function::<PJRT_Buffer_IncreaseExternalReferenceCount_Args>(s);
+        function::<PJRT_Buffer_DecreaseExternalReferenceCount_Args>(s);
+        function::<PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args>(s);
         assert_eq!(std::mem::offset_of!(PJRT_Api, error_destroy), API_TABLE_OFFSET);
+        assert_eq!(std::mem::offset_of!(PJRT_Api, error_message), API_TABLE_OFFSET + 8);
         assert_eq!(PJRT_Api_SIZE, 1144);
     }
 }

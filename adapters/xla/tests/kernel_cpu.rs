@@ -240,7 +240,7 @@ fn registry_imports_into_the_client_it_is_given() {
     let x = other.buffer_from_host(&other.device(0).unwrap(), &[1.0f32, 2.0], &[2]).unwrap();
     // No context: refused before any work, naming the context type.
     let e = registry::convert(Box::new(x.clone()), "xla", "xla", &Stream::host()).unwrap_err();
-    assert!(matches!(e, RegistryError::WrongContext { adapter: "xla", .. }), "{e}");
+    assert!(matches!(e.error, RegistryError::WrongContext { adapter: "xla", .. }), "{e}");
     assert!(e.to_string().contains("Client"), "{e}");
     // With the client: a view in that client.
     let y = registry::convert_into(Box::new(x.clone()), "xla", "xla", &c).unwrap();

@@ -26,17 +26,20 @@
 //!    (PyTorch's current stream for tch tensors), or [`CallOptions::output_stream`].
 
 use crate::artifact::Artifact;
-use crate::buffer::Buffer;
+use crate::buffer::{self, Buffer};
 use crate::client::{Client, Device};
 use crate::error::{Result, XlaError};
-use crate::exchange::ImportOptions;
-use crate::executable::{CompileOptions, Executable, Program, check_spec, list};
+use crate::executable::{CompileOptions, Executable, Program, list};
 use crate::hlo::ArraySpec;
 use crate::sys;
-use handoff_runtime::{Export, Exportable, Importable, Stream};
-use std::any::Any;
-use std::marker::PhantomData;
+use handoff_runtime::{Exportable, Stream};
 use std::path::Path;
+
+mod inputs;
+mod outputs;
+
+pub use inputs::{Args, Inputs};
+pub use outputs::{AsIs, Imported, Output, Outputs};
 
 /// A compiled program with its calling convention, callable on any exportable values.
 ///
@@ -141,7 +144,7 @@ pub struct CallOptions {
     /// host on CPU). Outputs returned as XLA buffers need none.
     pub output_stream: Option<Stream>,
     /// Copy host memory XLA's CPU client cannot view (not 64-byte aligned) instead of
-    /// refusing it (counted, see [`ImportOptions::allow_copy`]).
+    /// refusing it (counted, see [`ImportOptions::allow_copy`](crate::ImportOptions::allow_copy)).
     pub allow_copy: bool,
     /// Let the program donate inputs it aliases to outputs (off by default: the
     /// inputs are the caller's tensors). Read-only inputs are never donated.
@@ -200,7 +203,7 @@ impl Kernel {
                 let program = Program::bytecode(artifact.module().to_vec()).named(artifact.function_name());
                 let exe = client.compile_with(&program, options)?;
                 let platform_index = if artifact.takes_platform_index() {
-                    Some(client.platform_index_buffer(&device, index)?)
+                    Some(buffer::platform_index_buffer(client, &device, index)?)
                 } else {
                     None
                 };
@@ -335,212 +338,3 @@ impl Kernel {
         R::from_outputs(outs, &consumer)
     }
 }
-
-/// Collects a call's inputs: checks each against its parameter and makes it a buffer
-/// of the kernel's client. [`Args`] impls hand it each input with [`Inputs::push`].
-pub struct Inputs<'k> {
-    kernel: &'k Kernel,
-    options: &'k CallOptions,
-    index: usize,
-    buffers: Vec<Buffer>,
-    /// Positions (in the program's arguments) of read-only inputs.
-    read_only: Vec<i64>,
-    /// The stream of the first input that has one.
-    stream: Option<Stream>,
-}
-
-impl Inputs<'_> {
-    /// Takes the next input.
-    pub fn push<E: Export>(&mut self, value: E) -> Result<()> {
-        let index = self.index;
-        self.index += 1;
-        let k = self.kernel;
-        let name = k.name();
-        let param = k.params.as_ref().and_then(|p| p.get(index));
-        let kept = k.kept.as_ref().is_none_or(|kept| kept.get(index).copied().unwrap_or(true));
-        if let Some(buffer) = (&value as &dyn Any).downcast_ref::<Buffer>() {
-            k.exe.check_client(index, buffer)?;
-            if buffer.device() != k.device {
-                return Err(device_mismatch(name, index, &k.device, format!("{:?}", buffer.device())));
-            }
-            if let Some(p) = param {
-                check_spec(name, index, p, buffer.dtype(), buffer.shape())?;
-            }
-            if kept {
-                self.buffers.push(buffer.clone());
-            }
-            return Ok(());
-        }
-        let device = value.device();
-        if device != k.device.handoff_device() {
-            return Err(device_mismatch(name, index, &k.device, device));
-        }
-        if self.stream.is_none() {
-            self.stream = value.stream().filter(|s| !s.is_host());
-        }
-        if !kept {
-            // The program does not read it: check what can be checked without an export.
-            if let Some(p) = param {
-                let desc = value.describe()?;
-                check_spec(name, index, p, desc.dtype, &desc.shape)?;
-            }
-            return Ok(());
-        }
-        let handoff = value.export(&k.ready)?;
-        if let Some(p) = param {
-            check_spec(name, index, p, handoff.dtype(), handoff.shape())?;
-        }
-        if handoff.is_read_only() {
-            self.read_only.push(self.buffers.len() as i64);
-        }
-        let options = ImportOptions { allow_copy: self.options.allow_copy, device: Some(k.device.index) };
-        self.buffers.push(k.client.import_with(handoff, options)?);
-        Ok(())
-    }
-}
-
-fn device_mismatch(program: &str, index: usize, expected: &Device, got: impl std::fmt::Debug) -> XlaError {
-    XlaError::InputMismatch {
-        program: program.to_string(),
-        index,
-        what: "device",
-        expected: format!("{expected:?}"),
-        got: format!("{got:?}"),
-    }
-}
-
-/// The inputs of a call: an array `[X; N]`, a `Vec<X>`, or a tuple of up to six
-/// values, each [`Exportable`] (a `&tch::Tensor`, a `&Buffer`, any `Export` type).
-/// `Via` is inferred.
-pub trait Args<Via> {
-    /// How many inputs.
-    fn len(&self) -> usize;
-
-    /// Whether there are none.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Hands each input, in order, to `inputs`.
-    fn visit(self, inputs: &mut Inputs<'_>) -> Result<()>;
-}
-
-impl<X: Exportable<V>, V, const N: usize> Args<V> for [X; N] {
-    fn len(&self) -> usize {
-        N
-    }
-
-    fn visit(self, inputs: &mut Inputs<'_>) -> Result<()> {
-        self.into_iter().try_for_each(|x| inputs.push(x.into_exportable()?))
-    }
-}
-
-impl<X: Exportable<V>, V> Args<V> for Vec<X> {
-    fn len(&self) -> usize {
-        Vec::len(self)
-    }
-
-    fn visit(self, inputs: &mut Inputs<'_>) -> Result<()> {
-        self.into_iter().try_for_each(|x| inputs.push(x.into_exportable()?))
-    }
-}
-
-macro_rules! tuple_args {
-    ($n:literal: $($x:ident $v:ident),*) => {
-        impl<$($x: Exportable<$v>, $v),*> Args<($($v,)*)> for ($($x,)*) {
-            fn len(&self) -> usize {
-                $n
-            }
-
-            #[allow(non_snake_case)]
-            fn visit(self, inputs: &mut Inputs<'_>) -> Result<()> {
-                let ($($x,)*) = self;
-                $(inputs.push($x.into_exportable()?)?;)*
-                Ok(())
-            }
-        }
-    };
-}
-
-tuple_args!(1: A VA);
-tuple_args!(2: A VA, B VB);
-tuple_args!(3: A VA, B VB, C VC);
-tuple_args!(4: A VA, B VB, C VC, D VD);
-tuple_args!(5: A VA, B VB, C VC, D VD, E VE);
-tuple_args!(6: A VA, B VB, C VC, D VD, E VE, F VF);
-
-/// What one output of a call can be returned as: an XLA [`Buffer`] as it is, or any
-/// type a hand-off imports into ([`Importable`]: a `tch::Tensor`, a `TorchTensor`, a
-/// `CudaTensor`, your own type). `Via` is inferred.
-pub trait Output<Via>: Sized {
-    /// Turns an output buffer into `Self`, consumed on `consumer`.
-    fn from_output(buffer: Buffer, consumer: &Stream) -> Result<Self>;
-}
-
-/// The marker of [`Output`] for [`Importable`] types (inferred, never written).
-pub struct Imported<V>(PhantomData<V>);
-
-/// The marker of [`Output`] for [`Buffer`] (inferred, never written).
-pub enum AsIs {}
-
-impl<T: Importable<V>, V> Output<Imported<V>> for T {
-    fn from_output(buffer: Buffer, consumer: &Stream) -> Result<T> {
-        Ok(T::import_handoff(buffer.export(consumer)?)?)
-    }
-}
-
-impl Output<AsIs> for Buffer {
-    fn from_output(buffer: Buffer, _consumer: &Stream) -> Result<Buffer> {
-        Ok(buffer)
-    }
-}
-
-/// The outputs of a call: an array `[Y; N]`, a `Vec<Y>`, or a tuple of up to four,
-/// each an [`Output`]. `Via` is inferred.
-pub trait Outputs<Via>: Sized {
-    /// How many outputs it holds (`None`: any number).
-    const COUNT: Option<usize>;
-
-    /// Builds it from the program's outputs, consumed on `consumer`.
-    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self>;
-}
-
-impl<Y: Output<W>, W, const N: usize> Outputs<W> for [Y; N] {
-    const COUNT: Option<usize> = Some(N);
-
-    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
-        let got = buffers.len();
-        let v = Vec::<Y>::from_outputs(buffers, consumer)?;
-        v.try_into().map_err(|_| XlaError::invalid("outputs", got, format!("{N} were expected")))
-    }
-}
-
-impl<Y: Output<W>, W> Outputs<W> for Vec<Y> {
-    const COUNT: Option<usize> = None;
-
-    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
-        buffers.into_iter().map(|b| Y::from_output(b, consumer)).collect()
-    }
-}
-
-macro_rules! tuple_outputs {
-    ($n:literal: $($y:ident $w:ident),*) => {
-        impl<$($y: Output<$w>, $w),*> Outputs<($($w,)*)> for ($($y,)*) {
-            const COUNT: Option<usize> = Some($n);
-
-            fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
-                let got = buffers.len();
-                let mut it = buffers.into_iter();
-                let out = ($($y::from_output(
-                    it.next().ok_or_else(|| XlaError::invalid("outputs", got, format!("{} were expected", $n)))?,
-                    consumer,
-                )?,)*);
-                Ok(out)
-            }
-        }
-    };
-}
-
-tuple_outputs!(2: A WA, B WB);
-tuple_outputs!(3: A WA, B WB, C WC);
-tuple_outputs!(4: A WA, B WB, C WC, D WD);

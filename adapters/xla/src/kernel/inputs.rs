@@ -1,0 +1,145 @@
+//! What a kernel call takes: [`Args`] (an array, a `Vec` or a tuple of exportable
+//! values) and [`Inputs`], which checks each against its parameter and makes it a
+//! buffer of the kernel's client.
+
+use super::{CallOptions, Kernel};
+use crate::buffer::Buffer;
+use crate::client::Device;
+use crate::error::{Result, XlaError};
+use crate::exchange::ImportOptions;
+use crate::executable::check_spec;
+use handoff_runtime::{Export, Exportable, Stream};
+use std::any::Any;
+
+/// Collects a call's inputs: checks each against its parameter and makes it a buffer
+/// of the kernel's client. [`Args`] impls hand it each input with [`Inputs::push`].
+pub struct Inputs<'k> {
+    pub(super) kernel: &'k Kernel,
+    pub(super) options: &'k CallOptions,
+    pub(super) index: usize,
+    pub(super) buffers: Vec<Buffer>,
+    /// Positions (in the program's arguments) of read-only inputs.
+    pub(super) read_only: Vec<i64>,
+    /// The stream of the first input that has one.
+    pub(super) stream: Option<Stream>,
+}
+
+impl Inputs<'_> {
+    /// Takes the next input.
+    pub fn push<E: Export>(&mut self, value: E) -> Result<()> {
+        let index = self.index;
+        self.index += 1;
+        let k = self.kernel;
+        let name = k.name();
+        let param = k.params.as_ref().and_then(|p| p.get(index));
+        let kept = k.kept.as_ref().is_none_or(|kept| kept.get(index).copied().unwrap_or(true));
+        if let Some(buffer) = (&value as &dyn Any).downcast_ref::<Buffer>() {
+            k.exe.check_client(index, buffer)?;
+            if buffer.device() != k.device {
+                return Err(device_mismatch(name, index, &k.device, format!("{:?}", buffer.device())));
+            }
+            if let Some(p) = param {
+                check_spec(name, index, p, buffer.dtype(), buffer.shape())?;
+            }
+            if kept {
+                self.buffers.push(buffer.clone());
+            }
+            return Ok(());
+        }
+        let device = value.device();
+        if device != k.device.handoff_device() {
+            return Err(device_mismatch(name, index, &k.device, device));
+        }
+        if self.stream.is_none() {
+            self.stream = value.stream().filter(|s| !s.is_host());
+        }
+        if !kept {
+            // The program does not read it: check what can be checked without an export.
+            if let Some(p) = param {
+                let desc = value.describe()?;
+                check_spec(name, index, p, desc.dtype, &desc.shape)?;
+            }
+            return Ok(());
+        }
+        let handoff = value.export(&k.ready)?;
+        if let Some(p) = param {
+            check_spec(name, index, p, handoff.dtype(), handoff.shape())?;
+        }
+        if handoff.is_read_only() {
+            self.read_only.push(self.buffers.len() as i64);
+        }
+        let options = ImportOptions { allow_copy: self.options.allow_copy, device: Some(k.device.index) };
+        self.buffers.push(k.client.import_with(handoff, options)?);
+        Ok(())
+    }
+}
+
+fn device_mismatch(program: &str, index: usize, expected: &Device, got: impl std::fmt::Debug) -> XlaError {
+    XlaError::InputMismatch {
+        program: program.to_string(),
+        index,
+        what: "device",
+        expected: format!("{expected:?}"),
+        got: format!("{got:?}"),
+    }
+}
+
+/// The inputs of a call: an array `[X; N]`, a `Vec<X>`, or a tuple of up to six
+/// values, each [`Exportable`] (a `&tch::Tensor`, a `&Buffer`, any `Export` type).
+/// `Via` is inferred.
+pub trait Args<Via> {
+    /// How many inputs.
+    fn len(&self) -> usize;
+
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hands each input, in order, to `inputs`.
+    fn visit(self, inputs: &mut Inputs<'_>) -> Result<()>;
+}
+
+impl<X: Exportable<V>, V, const N: usize> Args<V> for [X; N] {
+    fn len(&self) -> usize {
+        N
+    }
+
+    fn visit(self, inputs: &mut Inputs<'_>) -> Result<()> {
+        self.into_iter().try_for_each(|x| inputs.push(x.into_exportable()?))
+    }
+}
+
+impl<X: Exportable<V>, V> Args<V> for Vec<X> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn visit(self, inputs: &mut Inputs<'_>) -> Result<()> {
+        self.into_iter().try_for_each(|x| inputs.push(x.into_exportable()?))
+    }
+}
+
+macro_rules! tuple_args {
+    ($n:literal: $($x:ident $v:ident),*) => {
+        impl<$($x: Exportable<$v>, $v),*> Args<($($v,)*)> for ($($x,)*) {
+            fn len(&self) -> usize {
+                $n
+            }
+
+            #[allow(non_snake_case)]
+            fn visit(self, inputs: &mut Inputs<'_>) -> Result<()> {
+                let ($($x,)*) = self;
+                $(inputs.push($x.into_exportable()?)?;)*
+                Ok(())
+            }
+        }
+    };
+}
+
+tuple_args!(1: A VA);
+tuple_args!(2: A VA, B VB);
+tuple_args!(3: A VA, B VB, C VC);
+tuple_args!(4: A VA, B VB, C VC, D VD);
+tuple_args!(5: A VA, B VB, C VC, D VD, E VE);
+tuple_args!(6: A VA, B VB, C VC, D VD, E VE, F VF);

@@ -1,0 +1,83 @@
+//! What a kernel call gives back: [`Outputs`] (an array, a `Vec` or a tuple), each an
+//! [`Output`] (an XLA [`Buffer`] as it is, or any type a hand-off imports into).
+
+use crate::buffer::Buffer;
+use crate::error::{Result, XlaError};
+use handoff_runtime::{Export, Importable, Stream};
+use std::marker::PhantomData;
+
+/// What one output of a call can be returned as: an XLA [`Buffer`] as it is, or any
+/// type a hand-off imports into ([`Importable`]: a `tch::Tensor`, a `TorchTensor`, a
+/// `CudaTensor`, your own type). `Via` is inferred.
+pub trait Output<Via>: Sized {
+    /// Turns an output buffer into `Self`, consumed on `consumer`.
+    fn from_output(buffer: Buffer, consumer: &Stream) -> Result<Self>;
+}
+
+/// The marker of [`Output`] for [`Importable`] types (inferred, never written).
+pub struct Imported<V>(PhantomData<V>);
+
+/// The marker of [`Output`] for [`Buffer`] (inferred, never written).
+pub enum AsIs {}
+
+impl<T: Importable<V>, V> Output<Imported<V>> for T {
+    fn from_output(buffer: Buffer, consumer: &Stream) -> Result<T> {
+        Ok(T::import_handoff(buffer.export(consumer)?)?)
+    }
+}
+
+impl Output<AsIs> for Buffer {
+    fn from_output(buffer: Buffer, _consumer: &Stream) -> Result<Buffer> {
+        Ok(buffer)
+    }
+}
+
+/// The outputs of a call: an array `[Y; N]`, a `Vec<Y>`, or a tuple of up to four,
+/// each an [`Output`]. `Via` is inferred.
+pub trait Outputs<Via>: Sized {
+    /// How many outputs it holds (`None`: any number).
+    const COUNT: Option<usize>;
+
+    /// Builds it from the program's outputs, consumed on `consumer`.
+    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self>;
+}
+
+impl<Y: Output<W>, W, const N: usize> Outputs<W> for [Y; N] {
+    const COUNT: Option<usize> = Some(N);
+
+    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
+        let got = buffers.len();
+        let v = Vec::<Y>::from_outputs(buffers, consumer)?;
+        v.try_into().map_err(|_| XlaError::invalid("outputs", got, format!("{N} were expected")))
+    }
+}
+
+impl<Y: Output<W>, W> Outputs<W> for Vec<Y> {
+    const COUNT: Option<usize> = None;
+
+    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
+        buffers.into_iter().map(|b| Y::from_output(b, consumer)).collect()
+    }
+}
+
+macro_rules! tuple_outputs {
+    ($n:literal: $($y:ident $w:ident),*) => {
+        impl<$($y: Output<$w>, $w),*> Outputs<($($w,)*)> for ($($y,)*) {
+            const COUNT: Option<usize> = Some($n);
+
+            fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
+                let got = buffers.len();
+                let mut it = buffers.into_iter();
+                let out = ($($y::from_output(
+                    it.next().ok_or_else(|| XlaError::invalid("outputs", got, format!("{} were expected", $n)))?,
+                    consumer,
+                )?,)*);
+                Ok(out)
+            }
+        }
+    };
+}
+
+tuple_outputs!(2: A WA, B WB);
+tuple_outputs!(3: A WA, B WB, C WC);
+tuple_outputs!(4: A WA, B WB, C WC, D WD);

@@ -1,0 +1,62 @@
+"""Type hints for handoff's native module (built from Rust with pyo3)."""
+
+from typing import Any, Dict, Optional, Tuple
+
+DLPACK_VERSION: Tuple[int, int]
+"""The DLPack version of the versioned capsules handoff makes."""
+
+class HandoffError(RuntimeError):
+    """A hand-off could not be made: CUDA unavailable, a driver error, streams that
+    cannot be ordered."""
+
+class InvalidTensorError(BufferError):
+    """The producer's DLPack tensor failed validation (the message names the field and
+    the value). The producer's deleter has been called exactly once."""
+
+class Ordered:
+    """What ``ordered(obj)`` returns: speaks ``__dlpack__``/``__dlpack_device__`` for
+    ``obj``, releasing ``obj``'s tensor in stream order."""
+
+    @property
+    def obj(self) -> Any:
+        """The wrapped object."""
+    @property
+    def writable(self) -> bool:
+        """Whether the consumer's import is writable (``ordered(obj, writable=True)``)."""
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """The producer's DLPack device, ``(device_type, device_id)``."""
+    def __dlpack__(
+        self,
+        stream: Optional[int] = None,
+        *,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """The producer's tensor in a DLPack capsule whose deleter releases it only
+        after the work queued on ``stream`` before the release has run. ``stream``:
+        ``None``/``1`` legacy default stream, ``2`` per-thread default stream, ``-1``
+        no synchronization, else a ``CUstream`` handle; ``0`` and other negative values
+        raise ``ValueError``."""
+    def _mock_advance(self, micros: int) -> None: ...
+
+def ordered(obj: Any, *, writable: bool = False) -> Ordered:
+    """Wraps ``obj`` (anything with ``__dlpack__`` and ``__dlpack_device__``, or with
+    only ``__cuda_array_interface__``) so that a consumer's ``from_dlpack`` releases its
+    memory only after the consumer's queued work is done. ``writable=True`` refuses
+    read-only tensors (and tensors whose strides overlap)."""
+
+def stats() -> Dict[str, int]:
+    """The runtime's counters: ``exports``, ``imports``, ``host_syncs``,
+    ``events_created``, ``events_recorded``, ``waits_enqueued``, ``waits_elided``,
+    ``copies``, ``bytes_copied``, ``releases_immediate``, ``releases_deferred``,
+    ``releases_leaked``, ``pending``, ``released``."""
+
+def flush() -> None:
+    """Blocks (without the GIL) until every release queued so far has happened."""
+
+def cuda_available() -> bool:
+    """Whether the CUDA driver can be used."""
+
+def _shutdown() -> None: ...
+def _mock_ordered(obj: Any, busy_us: int, *, writable: bool = False) -> Ordered: ...

@@ -1,0 +1,260 @@
+//! DLPack capsules: taking the producer's (renaming it consumed, as the protocol
+//! requires) and making the consumer's, whose deleter drops the [`Handoff`].
+//!
+//! The consumer's capsule holds a managed tensor of handoff's own (versioned, or
+//! legacy for a consumer that did not ask for DLPack 1.x) whose context owns the
+//! `Handoff`: its deleter drops the `Handoff`, which releases the producer's tensor
+//! after the work queued on the consumer's stream (the runtime's release). The
+//! capsule's destructor calls that deleter only if no consumer took the capsule
+//! (its name is still `dltensor`/`dltensor_versioned`).
+
+use crate::keep_alive;
+use handoff_runtime::Handoff;
+use handoff_runtime::ffi::{DLManagedTensor, DLManagedTensorVersioned};
+use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use std::ffi::{CStr, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr;
+
+const DLTENSOR: &CStr = c"dltensor";
+const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
+const USED_DLTENSOR: &CStr = c"used_dltensor";
+const USED_DLTENSOR_VERSIONED: &CStr = c"used_dltensor_versioned";
+
+/// A producer's managed tensor, taken out of its capsule: the caller owns it and
+/// must call its deleter exactly once (`Handoff::from_raw` does, on every path).
+pub enum Taken {
+    /// From a `dltensor_versioned` capsule.
+    Versioned(*mut DLManagedTensorVersioned),
+    /// From a legacy `dltensor` capsule.
+    Legacy(*mut DLManagedTensor),
+}
+
+/// Takes the managed tensor out of the producer's capsule and renames the capsule
+/// `used_dltensor[_versioned]`, so that its destructor leaves the tensor alone.
+/// Anything but an unconsumed DLPack capsule is refused, and left untouched.
+pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
+    let py = capsule.py();
+    let raw = capsule.as_ptr();
+    // SAFETY: `raw` is a live object, borrowed from `capsule` for this call.
+    if unsafe { ffi::PyCapsule_CheckExact(raw) } == 0 {
+        let ty = capsule.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+        return Err(PyTypeError::new_err(format!(
+            "the producer's __dlpack__ returned a {ty}, not a DLPack capsule"
+        )));
+    }
+    // SAFETY: `raw` is a capsule (checked above).
+    let name = unsafe { ffi::PyCapsule_GetName(raw) };
+    if name.is_null() {
+        return Err(PyErr::take(py).unwrap_or_else(|| {
+            PyBufferError::new_err("the producer's capsule has no name: it is not a DLPack capsule")
+        }));
+    }
+    // SAFETY: a capsule's name is a NUL-terminated string that lives as long as the
+    // capsule keeps that name; it is read here before the capsule is renamed.
+    let name = unsafe { CStr::from_ptr(name) };
+    let versioned = if name == DLTENSOR_VERSIONED {
+        true
+    } else if name == DLTENSOR {
+        false
+    } else {
+        return Err(PyBufferError::new_err(format!(
+            "the producer's capsule is named {:?}: expected \"dltensor_versioned\" or \"dltensor\" \
+             (a \"used_\" name means a consumer took it already)",
+            name.to_string_lossy()
+        )));
+    };
+    // SAFETY: `raw` is a capsule with exactly this name.
+    let pointer = unsafe { ffi::PyCapsule_GetPointer(raw, name.as_ptr()) };
+    if pointer.is_null() {
+        return Err(
+            PyErr::take(py).unwrap_or_else(|| PyBufferError::new_err("the producer's capsule is empty"))
+        );
+    }
+    let used = if versioned { USED_DLTENSOR_VERSIONED } else { USED_DLTENSOR };
+    // SAFETY: `raw` is a capsule; `used` is a static string, as a capsule's name must
+    // outlive it. From here on the tensor is ours: its capsule will not delete it.
+    if unsafe { ffi::PyCapsule_SetName(raw, used.as_ptr()) } != 0 {
+        return Err(PyErr::take(py).unwrap_or_else(|| PyBufferError::new_err("cannot rename the capsule")));
+    }
+    Ok(if versioned { Taken::Versioned(pointer.cast()) } else { Taken::Legacy(pointer.cast()) })
+}
+
+/// The consumer's versioned managed tensor and the hand-off it views.
+#[repr(C)]
+struct VersionedExport {
+    managed: DLManagedTensorVersioned,
+    handoff: Handoff,
+}
+
+/// The consumer's legacy managed tensor and the hand-off it views.
+#[repr(C)]
+struct LegacyExport {
+    managed: DLManagedTensor,
+    handoff: Handoff,
+}
+
+/// Wraps `handoff` in a new capsule for the consumer: `dltensor_versioned` when
+/// `versioned`, else a legacy `dltensor` (refused with `BufferError` for a read-only
+/// tensor, which the legacy ABI cannot mark read-only; the hand-off is released).
+pub fn export(py: Python<'_>, handoff: Handoff, versioned: bool) -> PyResult<Bound<'_, PyAny>> {
+    // SAFETY: the hand-off owns its managed tensor; its fields (and the shape and
+    // strides they point to, in the same allocation) live as long as the hand-off,
+    // which the export below owns.
+    let src = unsafe { &*handoff.as_raw() };
+    let (version, flags, dl_tensor) = (src.version, src.flags, src.dl_tensor);
+    if versioned {
+        let export = Box::into_raw(Box::new(VersionedExport {
+            managed: DLManagedTensorVersioned {
+                version,
+                manager_ctx: ptr::null_mut(),
+                deleter: Some(delete_versioned),
+                flags,
+                dl_tensor,
+            },
+            handoff,
+        }));
+        // SAFETY: `export` was just allocated; its context is itself.
+        unsafe { (*export).managed.manager_ctx = export.cast() };
+        // SAFETY: `managed` is the first field of a `repr(C)` struct: the pointers agree.
+        let managed: *mut DLManagedTensorVersioned = export.cast();
+        new_capsule(py, managed.cast(), DLTENSOR_VERSIONED, destroy_versioned_capsule, || {
+            // SAFETY: the capsule was not made: the managed tensor is still ours.
+            unsafe { delete_versioned(managed) }
+        })
+    } else {
+        if handoff.is_read_only() {
+            release(handoff);
+            return Err(PyBufferError::new_err(
+                "the tensor is read-only and a legacy (pre-1.0) DLPack capsule cannot say so: \
+                 ask with max_version=(1, 0) for a versioned capsule, which carries READ_ONLY",
+            ));
+        }
+        let export = Box::into_raw(Box::new(LegacyExport {
+            managed: DLManagedTensor {
+                dl_tensor,
+                manager_ctx: ptr::null_mut(),
+                deleter: Some(delete_legacy),
+            },
+            handoff,
+        }));
+        // SAFETY: `export` was just allocated; its context is itself.
+        unsafe { (*export).managed.manager_ctx = export.cast() };
+        let managed: *mut DLManagedTensor = export.cast();
+        new_capsule(py, managed.cast(), DLTENSOR, destroy_legacy_capsule, || {
+            // SAFETY: the capsule was not made: the managed tensor is still ours.
+            unsafe { delete_legacy(managed) }
+        })
+    }
+}
+
+fn new_capsule<'py>(
+    py: Python<'py>,
+    pointer: *mut c_void,
+    name: &'static CStr,
+    destructor: unsafe extern "C" fn(*mut ffi::PyObject),
+    on_error: impl FnOnce(),
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: a non-null pointer and a static name; the destructor follows the
+    // DLPack rule (below). The GIL is held (`py`).
+    let capsule = unsafe { ffi::PyCapsule_New(pointer, name.as_ptr(), Some(destructor)) };
+    if capsule.is_null() {
+        on_error();
+        return Err(PyErr::take(py).unwrap_or_else(|| PyBufferError::new_err("cannot create a capsule")));
+    }
+    // SAFETY: a new reference, just created.
+    Ok(unsafe { Bound::from_owned_ptr(py, capsule) })
+}
+
+/// Drops a hand-off whose consumer is done with it. After interpreter shutdown has
+/// begun, a hand-off that would be released behind a device stream is kept (leaked)
+/// instead: the reaper thread could no longer run a producer's deleter that needs
+/// the GIL. A host release happens at once, on this thread, as always.
+fn release(handoff: Handoff) {
+    if keep_alive::shutting_down() && !handoff.consumer_stream().is_host() {
+        std::mem::forget(handoff);
+    } else {
+        drop(handoff);
+    }
+}
+
+fn report_panic(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "handoff: a panic in {what} was caught (the hand-off is kept)");
+}
+
+/// The consumer's deleter of a versioned export: releases the hand-off.
+unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
+    if managed.is_null() {
+        return;
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the deleter of a managed tensor made by `export`: its context is the
+        // boxed export, and DLPack calls the deleter once.
+        let export = unsafe { Box::from_raw((*managed).manager_ctx.cast::<VersionedExport>()) };
+        release(export.handoff);
+    }));
+    if r.is_err() {
+        report_panic("a DLPack deleter");
+    }
+}
+
+/// The consumer's deleter of a legacy export: releases the hand-off.
+unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
+    if managed.is_null() {
+        return;
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: as in `delete_versioned`.
+        let export = unsafe { Box::from_raw((*managed).manager_ctx.cast::<LegacyExport>()) };
+        release(export.handoff);
+    }));
+    if r.is_err() {
+        report_panic("a DLPack deleter");
+    }
+}
+
+/// The destructor of a capsule made by [`export`]: deletes the managed tensor only
+/// if no consumer took it (the name is still the unconsumed one).
+///
+/// # Safety
+/// `capsule` is a capsule being destroyed; the GIL is held.
+unsafe fn destroy_capsule(capsule: *mut ffi::PyObject, name: &CStr, delete: impl FnOnce(*mut c_void)) {
+    // SAFETY: `capsule` is a live capsule (being destroyed); neither call sets an
+    // error for a capsule with exactly this name, and IsValid sets none otherwise.
+    let pointer = unsafe {
+        if ffi::PyCapsule_IsValid(capsule, name.as_ptr()) != 1 {
+            return; // consumed: renamed "used_..." by the consumer, which owns the tensor
+        }
+        ffi::PyCapsule_GetPointer(capsule, name.as_ptr())
+    };
+    if !pointer.is_null() {
+        delete(pointer);
+    }
+}
+
+unsafe extern "C" fn destroy_versioned_capsule(capsule: *mut ffi::PyObject) {
+    let r = catch_unwind(|| {
+        // SAFETY: called by Python as this capsule's destructor, with the GIL.
+        unsafe {
+            destroy_capsule(capsule, DLTENSOR_VERSIONED, |p| delete_versioned(p.cast()));
+        }
+    });
+    if r.is_err() {
+        report_panic("a capsule destructor");
+    }
+}
+
+unsafe extern "C" fn destroy_legacy_capsule(capsule: *mut ffi::PyObject) {
+    let r = catch_unwind(|| {
+        // SAFETY: called by Python as this capsule's destructor, with the GIL.
+        unsafe {
+            destroy_capsule(capsule, DLTENSOR, |p| delete_legacy(p.cast()));
+        }
+    });
+    if r.is_err() {
+        report_panic("a capsule destructor");
+    }
+}

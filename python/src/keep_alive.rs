@@ -1,0 +1,55 @@
+//! Python objects a hand-off keeps alive, and interpreter shutdown.
+//!
+//! A keep-alive is dropped by the reaper thread (or by whichever thread releases the
+//! hand-off): it takes the GIL itself to drop its reference, and never while holding a
+//! lock (the reaper holds none that a thread holding the GIL waits for: `flush`
+//! releases the GIL first). Once the interpreter is shutting down it cannot attach any
+//! more, and the reference is leaked instead.
+
+use handoff_runtime::reaper;
+use pyo3::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
+
+/// Whether [`shutdown`] has run: the interpreter is exiting.
+pub fn shutting_down() -> bool {
+    SHUTTING_DOWN.load(Ordering::Acquire)
+}
+
+/// Called by `atexit` (registered by `handoff/__init__.py`) while the interpreter is
+/// still whole: performs the queued releases as their events complete (without the
+/// GIL, for at most `reaper::EXIT_DRAIN_TIMEOUT`; what is left then is leaked and
+/// reported, so exit never hangs on a device that stopped). From then on, hand-offs
+/// released behind a device stream are leaked rather than queued: during finalization
+/// the reaper thread could not take the GIL a producer's deleter may need.
+#[pyfunction(name = "_shutdown")]
+pub fn shutdown(py: Python<'_>) {
+    SHUTTING_DOWN.store(true, Ordering::Release);
+    py.detach(|| reaper::drain(reaper::EXIT_DRAIN_TIMEOUT));
+}
+
+/// A strong reference to a Python object, droppable on any thread.
+pub struct PyKeepAlive(Option<Py<PyAny>>);
+
+impl PyKeepAlive {
+    /// Keeps `obj` alive until this is dropped.
+    pub fn new(obj: Py<PyAny>) -> PyKeepAlive {
+        PyKeepAlive(Some(obj))
+    }
+}
+
+impl Drop for PyKeepAlive {
+    fn drop(&mut self) {
+        let mut slot = self.0.take();
+        // Attaches (takes the GIL) when the interpreter can be attached to; re-entrant
+        // on a thread that holds it already.
+        let attached = Python::try_attach(|_py| drop(slot.take()));
+        if attached.is_none()
+            && let Some(obj) = slot.take()
+        {
+            // The interpreter is gone or finalizing: nothing may touch the object.
+            std::mem::forget(obj);
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! `handoff._handoff`: the native module of the Python package `handoff`.
+//!
+//! It speaks DLPack capsules and the CUDA driver through `handoff-runtime`, so it
+//! needs neither libtorch nor PJRT: the protocol is the runtime's, not a copy of it.
+//!
+//! - [`ordered::ordered`] wraps any object with `__dlpack__` (or only
+//!   `__cuda_array_interface__`); the wrapper's `__dlpack__` forwards to the producer
+//!   with the consumer's arguments, takes the producer's managed tensor in through
+//!   `Handoff::from_raw` (every validation rule, the producer's deleter exactly once
+//!   on every path) and returns a capsule whose deleter gives the producer's tensor
+//!   back only after the work queued on the consumer's stream before the release has
+//!   run (an event and the runtime's reaper, never a host wait).
+//! - [`streams`]: the DLPack stream values and the rules for each.
+//! - [`capsule`]: taking the producer's capsule, making the consumer's.
+//! - [`cai`]: objects that only expose `__cuda_array_interface__`.
+//! - [`keep_alive`]: Python objects kept alive by a hand-off, and shutdown.
+//! - [`stats`], [`flush`]: the runtime's counters and its reaper's flush.
+//!
+//! Deleters run on any thread. Nothing here holds a lock while it waits for the
+//! GIL, and every call that may wait for the reaper (which may itself be waiting for
+//! the GIL inside a producer's deleter, as NumPy's takes it) releases the GIL first.
+//! Every `extern "C"` function catches panics.
+
+mod cai;
+mod capsule;
+mod errors;
+mod keep_alive;
+mod mock;
+mod ordered;
+mod streams;
+
+use handoff_runtime::reaper;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// The runtime's counters (process-wide) and the reaper's queue, as a dict:
+/// `exports`, `imports`, `host_syncs`, `events_created`, `events_recorded`,
+/// `waits_enqueued`, `waits_elided`, `copies`, `bytes_copied`,
+/// `releases_immediate`, `releases_deferred`, `releases_leaked`, `pending` (releases queued and not yet
+/// done) and `released` (deferred releases done).
+#[pyfunction]
+fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let s = handoff_runtime::stats();
+    let d = PyDict::new(py);
+    let counters = [
+        ("exports", s.exports),
+        ("imports", s.imports),
+        ("host_syncs", s.host_syncs),
+        ("events_created", s.events_created),
+        ("events_recorded", s.events_recorded),
+        ("waits_enqueued", s.waits_enqueued),
+        ("waits_elided", s.waits_elided),
+        ("copies", s.copies),
+        ("bytes_copied", s.bytes_copied),
+        ("releases_immediate", s.releases_immediate),
+        ("releases_deferred", s.releases_deferred),
+        ("releases_leaked", s.releases_leaked),
+        ("pending", reaper::pending() as u64),
+        ("released", reaper::released()),
+    ];
+    for (k, v) in counters {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
+/// Blocks until every release queued so far has happened (one counted host sync per
+/// stream with pending releases). The GIL is released while it waits: the reaper may
+/// need it to run a producer's deleter.
+#[pyfunction]
+fn flush(py: Python<'_>) {
+    py.detach(reaper::flush);
+}
+
+/// Whether the CUDA driver can be used (`libcuda.so.1` loads and there is a device).
+#[pyfunction]
+fn cuda_available(py: Python<'_>) -> bool {
+    py.detach(handoff_runtime::cuda::is_available)
+}
+
+/// The Python module `handoff._handoff`.
+#[pymodule]
+fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<ordered::Ordered>()?;
+    m.add_function(wrap_pyfunction!(ordered::ordered, m)?)?;
+    m.add_function(wrap_pyfunction!(stats, m)?)?;
+    m.add_function(wrap_pyfunction!(flush, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(keep_alive::shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(mock::mock_ordered, m)?)?;
+    m.add("HandoffError", py.get_type::<errors::HandoffError>())?;
+    m.add("InvalidTensorError", py.get_type::<errors::InvalidTensorError>())?;
+    let v = handoff_runtime::ffi::DLPackVersion::CURRENT;
+    m.add("DLPACK_VERSION", (v.major, v.minor))?;
+    Ok(())
+}

@@ -1,0 +1,293 @@
+//! `handoff.ordered(obj)`: a wrapper whose `__dlpack__` hands the producer's tensor
+//! to the consumer with a stream-ordered release.
+
+use crate::cai;
+use crate::capsule::{self, Taken};
+use crate::errors;
+use crate::mock::MockConsumer;
+use crate::streams::{self, Consumer, Requested};
+use handoff_runtime::ffi::DLDevice;
+use handoff_runtime::{Access, Device, Handoff};
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use std::sync::OnceLock;
+
+/// Where the wrapped object's tensor comes from.
+enum Source {
+    /// An object with `__dlpack__`; its `__dlpack_device__`, asked once.
+    Dlpack {
+        /// The device, decoded.
+        device: DLDevice,
+        /// The producer's own `__dlpack_device__` result, returned as it is.
+        device_obj: Py<PyAny>,
+    },
+    /// An object with only `__cuda_array_interface__`; its device, found from its
+    /// pointer on first use (that needs the driver).
+    Cai {
+        /// The CUDA device ordinal of the memory.
+        ordinal: OnceLock<u32>,
+    },
+}
+
+/// What `handoff.ordered(obj)` returns: an object that speaks `__dlpack__` /
+/// `__dlpack_device__` for `obj`, releasing `obj`'s tensor in stream order.
+#[pyclass(frozen, module = "handoff", name = "Ordered")]
+pub struct Ordered {
+    obj: Py<PyAny>,
+    source: Source,
+    access: Access,
+    /// Tests only: a simulated consumer stream instead of the one asked for.
+    mock: Option<MockConsumer>,
+}
+
+/// Wraps `obj` (anything with `__dlpack__` and `__dlpack_device__`, or with only
+/// `__cuda_array_interface__`) so that a consumer's `from_dlpack` releases its memory
+/// only after the consumer's queued work is done.
+///
+/// `writable=True` imports for writing: a read-only tensor (and one whose strides
+/// overlap) is refused.
+#[pyfunction]
+#[pyo3(signature = (obj, *, writable = false))]
+pub fn ordered(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Ordered> {
+    Ordered::new(obj, writable, None)
+}
+
+impl Ordered {
+    /// The wrapper of `obj` (of the object `obj` wraps, when it is an `Ordered`).
+    pub fn new(obj: &Bound<'_, PyAny>, writable: bool, mock: Option<MockConsumer>) -> PyResult<Ordered> {
+        let py = obj.py();
+        if let Ok(inner) = obj.cast::<Ordered>() {
+            return Ordered::new(inner.get().obj.bind(py), writable, mock);
+        }
+        let access = if writable { Access::Write } else { Access::Read };
+        let source = if obj.hasattr(intern!(py, "__dlpack__"))? {
+            let device_obj = obj.call_method0(intern!(py, "__dlpack_device__"))?;
+            let device = streams::parse_device(&device_obj, "__dlpack_device__()")?;
+            Source::Dlpack { device, device_obj: device_obj.unbind() }
+        } else if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
+            Source::Cai { ordinal: OnceLock::new() }
+        } else {
+            let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+            return Err(PyTypeError::new_err(format!(
+                "handoff.ordered takes an object with __dlpack__ and __dlpack_device__ (or \
+                 __cuda_array_interface__); a {ty} has neither"
+            )));
+        };
+        Ok(Ordered { obj: obj.clone().unbind(), source, access, mock })
+    }
+
+    /// The device of the wrapped tensor.
+    fn device(&self, py: Python<'_>) -> PyResult<DLDevice> {
+        match &self.source {
+            Source::Dlpack { device, .. } => Ok(*device),
+            Source::Cai { ordinal } => Ok(DLDevice::cuda(self.cai_ordinal(py, ordinal)? as i32)),
+        }
+    }
+
+    fn cai_ordinal(&self, py: Python<'_>, ordinal: &OnceLock<u32>) -> PyResult<u32> {
+        if let Some(o) = ordinal.get() {
+            return Ok(*o);
+        }
+        let o = cai::device_ordinal(self.obj.bind(py))?;
+        Ok(*ordinal.get_or_init(|| o))
+    }
+
+    /// The consumer's stream: the one asked for, or the simulated one of a test.
+    fn consumer(&self, device: DLDevice, requested: Requested) -> PyResult<Consumer> {
+        match &self.mock {
+            Some(m) => Ok(Consumer { stream: m.stream().clone(), no_sync: requested.no_sync() }),
+            None => streams::resolve(device, requested),
+        }
+    }
+
+    /// The DLPack path: ask the producer, take its tensor in, wrap it for the consumer.
+    #[allow(clippy::too_many_arguments)]
+    fn via_producer<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        requested: Requested,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<&Bound<'py, PyAny>>,
+        copy: Option<&Bound<'py, PyAny>>,
+        target: DLDevice,
+        versioned: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // Resolved before the producer is asked, on the consumer's thread (stream 2 is
+        // this thread's per-thread default stream).
+        let consumer = self.consumer(target, requested)?;
+        let obj = self.obj.bind(py);
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(intern!(py, "stream"), stream)?;
+        if let Some(v) = max_version {
+            kwargs.set_item(intern!(py, "max_version"), v)?;
+        }
+        if let Some(d) = dl_device {
+            kwargs.set_item(intern!(py, "dl_device"), d)?;
+        }
+        if let Some(c) = copy {
+            kwargs.set_item(intern!(py, "copy"), c)?;
+        }
+        let method = intern!(py, "__dlpack__");
+        let produced = match obj.call_method(method, (), Some(&kwargs)) {
+            Ok(c) => c,
+            // A producer older than DLPack 1.0 takes no max_version: ask again without,
+            // as the protocol recommends (only when nothing else new was asked for).
+            Err(e)
+                if e.is_instance_of::<PyTypeError>(py)
+                    && max_version.is_some()
+                    && dl_device.is_none()
+                    && copy.is_none() =>
+            {
+                kwargs.del_item(intern!(py, "max_version"))?;
+                obj.call_method(method, (), Some(&kwargs))?
+            }
+            Err(e) => return Err(e),
+        };
+        let taken = capsule::take(&produced)?;
+        // SAFETY: `take` gave us ownership of an unconsumed DLPack managed tensor of the
+        // capsule's kind; `from_raw*` calls its deleter exactly once on every path.
+        let result = unsafe {
+            match taken {
+                Taken::Versioned(p) => Handoff::from_raw(p, &consumer.stream, self.access),
+                Taken::Legacy(p) => Handoff::from_raw_legacy(p, &consumer.stream, self.access),
+            }
+        };
+        let handoff = result.map_err(errors::to_py)?;
+        check_device(&handoff, target)?;
+        if let Some(m) = &self.mock {
+            m.consumer_work();
+        }
+        capsule::export(py, handoff, versioned && matches!(taken, Taken::Versioned(_)))
+    }
+}
+
+/// The producer's tensor must be on the device the stream was resolved for.
+fn check_device(handoff: &Handoff, target: DLDevice) -> PyResult<()> {
+    match Device::from_dlpack(target) {
+        Ok(expected) if expected != handoff.device() => {
+            let got = handoff.device();
+            // Dropped: released on the stream resolved for `expected`, with no consumer work queued.
+            Err(PyBufferError::new_err(format!(
+                "the producer's tensor is on {got}, but it said {expected} (__dlpack_device__ or dl_device): \
+                 the stream cannot be resolved for the right device"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether the consumer's `max_version` asks for versioned (DLPack >= 1.0) capsules.
+fn wants_versioned(max_version: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    let Some(v) = max_version else { return Ok(false) };
+    let (major, _minor): (i64, i64) = v.extract().map_err(|_| {
+        PyTypeError::new_err(format!("max_version must be a (major, minor) pair of ints, not {v}"))
+    })?;
+    Ok(major >= 1)
+}
+
+/// `None` for an absent or `None` argument.
+fn given<'a, 'py>(arg: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyAny>> {
+    arg.filter(|a| !a.is_none())
+}
+
+#[pymethods]
+impl Ordered {
+    /// The producer's DLPack device, `(device_type, device_id)`.
+    fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match &self.source {
+            Source::Dlpack { device_obj, .. } => Ok(device_obj.bind(py).clone()),
+            Source::Cai { ordinal } => {
+                let o = self.cai_ordinal(py, ordinal)?;
+                Ok(PyTuple::new(py, [2u32, o])?.into_any())
+            }
+        }
+    }
+
+    /// The DLPack export: the producer's tensor, made ready on `stream` by the producer
+    /// (or, for `__cuda_array_interface__`, by a GPU wait), in a capsule whose deleter
+    /// releases it only after the work queued on `stream` before the release has run.
+    ///
+    /// `stream`: `None` or `1` the legacy default stream, `2` the per-thread default
+    /// stream, `-1` no synchronization, else a `CUstream` handle; `0` and other
+    /// negative values raise `ValueError`. A versioned capsule when `max_version` is
+    /// `(1, x)` or more and the producer gave one, a legacy capsule otherwise.
+    #[pyo3(signature = (stream=None, *, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<&Bound<'py, PyAny>>,
+        dl_device: Option<&Bound<'py, PyAny>>,
+        copy: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (max_version, dl_device, copy) = (given(max_version), given(dl_device), given(copy));
+        let requested = streams::parse(stream)?;
+        let versioned = wants_versioned(max_version)?;
+        let target = match dl_device {
+            Some(d) => streams::parse_device(d, "dl_device")?,
+            None => self.device(py)?,
+        };
+        match &self.source {
+            Source::Dlpack { .. } => {
+                self.via_producer(py, stream, requested, max_version, dl_device, copy, target, versioned)
+            }
+            Source::Cai { ordinal } => {
+                if let Some(c) = copy
+                    && c.is_truthy()?
+                {
+                    return Err(PyBufferError::new_err(
+                        "copy=True: handoff.ordered never copies a __cuda_array_interface__ object",
+                    ));
+                }
+                let ordinal = self.cai_ordinal(py, ordinal)?;
+                if target != DLDevice::cuda(ordinal as i32) {
+                    return Err(PyBufferError::new_err(format!(
+                        "dl_device ({}, {}): the memory is on CUDA device {ordinal} and handoff does not copy",
+                        target.device_type.0, target.device_id
+                    )));
+                }
+                let consumer = self.consumer(target, requested)?;
+                let handoff = cai::handoff(self.obj.bind(py), ordinal, &consumer, self.access)?;
+                if let Some(m) = &self.mock {
+                    m.consumer_work();
+                }
+                capsule::export(py, handoff, versioned)
+            }
+        }
+    }
+
+    /// Tests only: moves the simulated clock of a `_mock_ordered` wrapper.
+    fn _mock_advance(&self, micros: u64) -> PyResult<()> {
+        match &self.mock {
+            Some(m) => {
+                m.advance(micros);
+                Ok(())
+            }
+            None => Err(PyValueError::new_err("not a _mock_ordered wrapper")),
+        }
+    }
+
+    /// The wrapped object.
+    #[getter]
+    fn obj<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        self.obj.bind(py).clone()
+    }
+
+    /// Whether the consumer's import is writable (`ordered(obj, writable=True)`).
+    #[getter]
+    fn writable(&self) -> bool {
+        self.access == Access::Write
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let inner = self.obj.bind(py).repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into());
+        let kind = match self.source {
+            Source::Dlpack { .. } => "",
+            Source::Cai { .. } => ", via __cuda_array_interface__",
+        };
+        format!("handoff.ordered({inner}{kind})")
+    }
+}

@@ -1,0 +1,191 @@
+//! The Python package `handoff` (`python/`, built from the Rust runtime with pyo3 and
+//! maturin; not a member of the cargo workspace).
+//!
+//! - A virtual environment under `.deps/py-venv` (git-ignored) with the pinned test
+//!   dependencies ([`PINS`]), made once and reused (remade when the pins change).
+//! - The abi3 wheel, built with maturin into `python/target/wheels/` (one wheel for
+//!   Python >= 3.9), installed into that environment.
+//! - `cargo xtask test`: `cargo fmt --check` and clippy (`-D warnings`) of
+//!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy and JAX on the
+//!   CPU; the PyTorch tests skip where `import torch` fails, as it does with the
+//!   CPU-only set of CUDA libraries setup installs).
+//! - `cargo xtask gpu-bundle`: the wheel and `python/tests/gpu_h200.py` go into
+//!   `gpu-bundle/`, and `run.sh` installs the wheel into a temporary directory with the
+//!   GPU machine's own Python (torch and JAX there) and runs the script ([`RUN_STEP`]).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What the Python tests need, pinned. JAX 0.10.2 is the newest JAX with wheels for
+/// CPython 3.11 (0.11 needs 3.12); its dependencies are pinned too.
+pub const PINS: &[&str] = &[
+    "maturin==1.16.0",
+    "pytest==9.2.0",
+    "numpy==2.4.6",
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "ml_dtypes==0.7.0",
+    "opt_einsum==3.4.0",
+    "scipy==1.17.1",
+];
+
+const VENV: &str = ".deps/py-venv";
+const MANIFEST: &str = "python/Cargo.toml";
+const WHEELS: &str = "python/target/wheels";
+const GPU_SCRIPT: &str = "python/tests/gpu_h200.py";
+
+/// The virtual environment's Python, made (or brought to [`PINS`]) if needed.
+pub fn venv(root: &Path) -> Result<PathBuf, String> {
+    let dir = root.join(VENV);
+    let python = dir.join("bin/python");
+    let marker = dir.join("handoff-pins.txt");
+    let want = PINS.join("\n");
+    if python.exists() && std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+        return Ok(python);
+    }
+    if !python.exists() {
+        println!("xtask: creating {} (the Python tests' environment, once)", dir.display());
+        run(Command::new(base_python()).args(["-m", "venv"]).arg(&dir))?;
+    }
+    println!("xtask: installing {} into {}", PINS.join(" "), dir.display());
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args(PINS))?;
+    std::fs::write(&marker, want).map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
+    Ok(python)
+}
+
+/// Builds the abi3 wheel with maturin (release) and returns its path.
+pub fn build_wheel(root: &Path, python: &Path) -> Result<PathBuf, String> {
+    let out = root.join(WHEELS);
+    if let Ok(entries) = std::fs::read_dir(&out) {
+        for e in entries.flatten() {
+            if is_wheel(&e.path()) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let maturin = python.with_file_name("maturin");
+    run(Command::new(maturin)
+        .current_dir(root)
+        .env("PYO3_PYTHON", python)
+        .args(["build", "--release", "--manifest-path", MANIFEST, "--out"])
+        .arg(&out)
+        .arg("--interpreter")
+        .arg(python))?;
+    std::fs::read_dir(&out)
+        .map_err(|e| format!("cannot read {}: {e}", out.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| is_wheel(p))
+        .ok_or_else(|| format!("maturin left no handoff wheel in {}", out.display()))
+}
+
+fn is_wheel(p: &Path) -> bool {
+    p.file_name().is_some_and(|n| {
+        let n = n.to_string_lossy();
+        n.starts_with("handoff-") && n.ends_with(".whl")
+    })
+}
+
+/// `cargo xtask test`'s Python part: lint (when `lint`), build, install, pytest.
+pub fn test(root: &Path, lint: bool) -> Result<(), String> {
+    let python = venv(root)?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    if lint {
+        run(Command::new(&cargo).current_dir(root).args(["fmt", "--manifest-path", MANIFEST, "--check"]))?;
+        run(Command::new(&cargo).current_dir(root).env("PYO3_PYTHON", &python).args([
+            "clippy",
+            "--manifest-path",
+            MANIFEST,
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))?;
+    }
+    let wheel = build_wheel(root, &python)?;
+    let install =
+        ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--force-reinstall", "--no-deps"];
+    run(Command::new(&python).args(install).arg(&wheel))?;
+    let pytest = ["-m", "pytest", "python/tests", "-q", "-rs", "-p", "no:cacheprovider"];
+    run(Command::new(&python).current_dir(root).env("PYTHONDONTWRITEBYTECODE", "1").args(pytest))?;
+    println!("xtask: Python tests passed ({})", wheel.display());
+    Ok(())
+}
+
+/// Builds the wheel and copies it and the GPU script into the bundle directory `out`;
+/// returns the bytes added.
+pub fn bundle(root: &Path, out: &Path) -> Result<u64, String> {
+    let python = venv(root)?;
+    let wheel = build_wheel(root, &python)?;
+    let mut size = 0;
+    for (src, name) in [
+        (wheel.clone(), wheel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
+        (root.join(GPU_SCRIPT), "python_gpu_h200.py".to_string()),
+    ] {
+        let dst = out.join(&name);
+        std::fs::copy(&src, &dst).map_err(|e| format!("cannot copy {}: {e}", src.display()))?;
+        let len = std::fs::metadata(&dst).map_err(|e| e.to_string())?.len();
+        println!("xtask: bundled {name:<48} {:>6.1} MiB", len as f64 / (1 << 20) as f64);
+        size += len;
+    }
+    Ok(size)
+}
+
+/// The `run.sh` step: installs the bundled wheel into a temporary directory with the
+/// GPU machine's Python (no network: `--no-index`, else unzipped), runs the GPU script
+/// with it on `PYTHONPATH` (at most 540 s), logs to `$LOGS/python_handoff.log`.
+pub const RUN_STEP: &str = r#"
+# handoff for Python: the bundled wheel, installed with the machine's own Python (its
+# torch and JAX), and python_gpu_h200.py (JSON lines; exit 1 on a failed check).
+if [ -z "${ONLY:-}" ] || [[ "python_handoff" == *"$ONLY"* ]]; then
+  echo "== python_handoff"
+  PY="${PYTHON:-python3}"
+  if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
+  WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
+  GPU_PY="$HERE/python_gpu_h200.py"
+  [ -f "$GPU_PY" ] || GPU_PY="$HERE/../python/tests/gpu_h200.py"
+  LOG="$LOGS/python_handoff.log"
+  if [ -z "$WHEEL" ] || [ ! -f "$GPU_PY" ]; then
+    echo "SKIP python_handoff: no handoff wheel or GPU script in $HERE" >> "$SUMMARY"
+  else
+    TMP_PY="$(mktemp -d)"
+    {
+      "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/site" "$WHEEL" \
+        || "$PY" -m zipfile -e "$WHEEL" "$TMP_PY/site"
+    } > "$LOG" 2>&1
+    PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 540 "$PY" "$GPU_PY" >> "$LOG" 2>&1; rc=$?
+    grep -E '^\{|SKIPPED:' "$LOG" | sed 's/^/   /'
+    if [ "$rc" -ne 0 ]; then
+      failed=$((failed + 1)); echo "   FAILED (exit $rc)"; tail -n 30 "$LOG" | sed 's/^/   | /'
+      echo "FAIL python_handoff exit=$rc" >> "$SUMMARY"
+    else
+      echo "ok   python_handoff" >> "$SUMMARY"
+    fi
+    rm -rf "$TMP_PY"
+  fi
+fi
+"#;
+
+fn base_python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    println!("xtask: {cmd:?}");
+    let status = cmd.status().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed ({status})")) }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The Python part of `cargo xtask test` alone (venv, lint, wheel, pytest):
+    /// `cargo test -p xtask -- --ignored python_suite`.
+    #[test]
+    #[ignore = "builds the wheel and runs pytest; part of `cargo xtask test`"]
+    fn python_suite() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+        super::test(&root, true).unwrap();
+    }
+}
