@@ -288,3 +288,13 @@ impl Backend for MockBackend {
         self.world.sim().stream_name(stream)
     }
 }
+
+// The mock device is an adapter like any other: values move to and from it by name.
+crate::registry::submit! {
+    crate::registry::Adapter::new("mock", env!("CARGO_PKG_VERSION"))
+        .about("handoff's simulated device with a hazard checker (handoff::mock::MockTensor)")
+        .devices(&[crate::registry::DeviceKind::Mock])
+        .dtypes(crate::dtype::ALL)
+        .exports::<crate::mock::MockTensor>()
+        .imports::<crate::mock::MockTensor>()
+}
