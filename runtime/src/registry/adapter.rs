@@ -5,7 +5,7 @@ use super::*;
 /// An adapter's registration: what it is, what it takes, and its entry points.
 ///
 /// Build it with [`Adapter::new`] and the `const` builder methods, and give it to
-/// [`submit!`] (see the [module docs](self)).
+/// [`submit!`] (see the [registry docs](crate::registry)).
 #[derive(Clone, Copy)]
 pub struct Adapter {
     /// The unique name that [`find`] and [`convert`] take (`torch`, `xla`, `ndarray`).

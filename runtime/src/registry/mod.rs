@@ -256,4 +256,3 @@ fn prepare(value: &(dyn Any + Send), from: &str, to: &str, ctx: &dyn Any) -> Res
     })?;
     Ok((from, export, to, stream))
 }
-

@@ -1,0 +1,346 @@
+//! The reaper's tests, with fake backends whose events never complete or fail.
+
+use super::*;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::stream::{Backend, EventPool, RawEvent, RawStream};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
+use std::time::Instant;
+
+/// Events of this stream complete at once.
+const OK: RawStream = 1;
+/// Events of this stream complete only once the gate opens; `synchronize` blocks until then.
+const STUCK: RawStream = 2;
+/// Queries and synchronizes of events of this stream fail.
+const QUERY_FAILS: RawStream = 3;
+/// Records on this stream fail.
+const RECORD_FAILS: RawStream = 4;
+/// Events of this stream never complete, and `synchronize` fails at once.
+const SYNC_FAILS: RawStream = 5;
+
+#[derive(Default)]
+struct FakeState {
+    next: RawEvent,
+    recorded_on: HashMap<RawEvent, RawStream>,
+    open: bool,
+    in_sync: usize,
+}
+
+/// A device whose streams fail in the ways above.
+struct Fake {
+    pool: EventPool,
+    state: Mutex<FakeState>,
+    cv: Condvar,
+}
+
+impl Fake {
+    fn new() -> Arc<Fake> {
+        Arc::new(Fake { pool: EventPool::new(), state: Mutex::default(), cv: Condvar::new() })
+    }
+    fn stream(self: &Arc<Self>, raw: RawStream) -> Stream {
+        Stream::new(self.clone(), raw)
+    }
+    fn stream_of(&self, event: RawEvent) -> RawStream {
+        self.state.lock().unwrap().recorded_on[&event]
+    }
+    /// Lets the stuck stream complete.
+    fn open(&self) {
+        self.state.lock().unwrap().open = true;
+        self.cv.notify_all();
+    }
+    /// Waits until someone is blocked in `synchronize`.
+    fn wait_for_sync(&self) {
+        let s = self.state.lock().unwrap();
+        let (_s, t) = self.cv.wait_timeout_while(s, Duration::from_secs(5), |s| s.in_sync == 0).unwrap();
+        assert!(!t.timed_out(), "nobody entered synchronize");
+    }
+}
+
+fn failed(what: &str) -> Error {
+    Error::Adapter { adapter: "fake", message: format!("{what} failed (injected)") }
+}
+
+impl Backend for Fake {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn device(&self) -> Device {
+        Device::Mock(77)
+    }
+    fn event_pool(&self) -> &EventPool {
+        &self.pool
+    }
+    fn create_event(&self) -> Result<RawEvent> {
+        let mut s = self.state.lock().unwrap();
+        s.next += 1;
+        Ok(s.next)
+    }
+    fn destroy_event(&self, _: RawEvent) {}
+    fn record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        if stream == RECORD_FAILS {
+            return Err(failed("record"));
+        }
+        self.state.lock().unwrap().recorded_on.insert(event, stream);
+        Ok(())
+    }
+    fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, event: RawEvent) -> Result<bool> {
+        match self.stream_of(event) {
+            STUCK => Ok(self.state.lock().unwrap().open),
+            QUERY_FAILS => Err(failed("query")),
+            SYNC_FAILS => Ok(false),
+            _ => Ok(true),
+        }
+    }
+    fn synchronize(&self, event: RawEvent) -> Result<()> {
+        match self.stream_of(event) {
+            STUCK => {
+                let mut s = self.state.lock().unwrap();
+                s.in_sync += 1;
+                self.cv.notify_all();
+                let mut s = self.cv.wait_while(s, |s| !s.open).unwrap();
+                s.in_sync -= 1;
+                Ok(())
+            }
+            QUERY_FAILS | SYNC_FAILS => Err(failed("synchronize")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A keep-alive that says when it is dropped.
+struct Flag(Arc<AtomicBool>);
+impl Drop for Flag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+fn flag() -> (Flag, Arc<AtomicBool>) {
+    let f = Arc::new(AtomicBool::new(false));
+    (Flag(f.clone()), f)
+}
+
+/// Opens the gate when the test ends, passing or not, so that no thread stays blocked.
+struct OpenOnDrop(Arc<Fake>);
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// Runs `f` on a thread and says whether it returned within `limit`.
+fn returns_within(limit: Duration, f: impl FnOnce() + Send + 'static) -> bool {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(limit).is_ok()
+}
+
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    f()
+}
+
+/// Tests that leak on purpose run one at a time, so that counts are exact.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+#[test]
+fn a_stream_that_never_completes_holds_up_no_other_stream() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fake = Fake::new();
+    let _open = OpenOnDrop(fake.clone());
+    let (stuck, ok) = (fake.stream(STUCK), fake.stream(OK));
+    let (k_stuck, stuck_dropped) = flag();
+    release_after(Some(&stuck), k_stuck);
+    // Someone flushes the stuck stream and blocks on the device.
+    let flusher = {
+        let stuck = stuck.clone();
+        std::thread::spawn(move || flush_stream(&stuck))
+    };
+    fake.wait_for_sync();
+
+    // A flush of another stream completes meanwhile.
+    let (k_ok, ok_dropped) = flag();
+    release_after(Some(&ok), k_ok);
+    let ok2 = ok.clone();
+    assert!(
+        returns_within(Duration::from_secs(2), move || flush_stream(&ok2)),
+        "flush_stream(ok) did not return within 2 s while another thread waits on a stuck stream"
+    );
+    assert!(ok_dropped.load(Ordering::SeqCst));
+    // And the reaper thread keeps releasing without any flush.
+    let (k_ok, ok_dropped) = flag();
+    release_after(Some(&ok), k_ok);
+    assert!(
+        eventually(Duration::from_secs(2), || ok_dropped.load(Ordering::SeqCst)),
+        "the reaper thread released nothing within 2 s while a flush waits on a stuck stream"
+    );
+    assert!(!stuck_dropped.load(Ordering::SeqCst), "released before its stream completed");
+
+    fake.open();
+    flusher.join().unwrap();
+    assert!(stuck_dropped.load(Ordering::SeqCst));
+}
+
+/// The background thread takes completed releases out of the queue and does them
+/// after unlocking it; a flush arriving in between must wait for them.
+#[test]
+fn a_flush_returns_only_once_the_releases_before_it_are_done() {
+    struct Slow(Arc<AtomicUsize>);
+    impl Drop for Slow {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_micros(20));
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let fake = Fake::new();
+    let ok = fake.stream(OK);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    for i in 1..=500 {
+        release_after(Some(&ok), Slow(dropped.clone()));
+        if i % 3 == 0 {
+            // Let the background thread take some.
+            std::thread::sleep(Duration::from_micros(10));
+        }
+        flush_stream(&ok);
+        assert_eq!(dropped.load(Ordering::SeqCst), i, "flush_stream returned before release {i} was done");
+    }
+}
+
+#[test]
+fn the_exit_drain_returns_within_its_bound_and_leaks_what_is_left() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fake = Fake::new();
+    let _open = OpenOnDrop(fake.clone());
+    let (k_stuck, stuck_dropped) = flag();
+    release_after(Some(&fake.stream(STUCK)), k_stuck);
+    let (k_ok, ok_dropped) = flag();
+    release_after(Some(&fake.stream(OK)), k_ok);
+
+    let leaked0 = crate::stats().releases_leaked;
+    let t0 = Instant::now();
+    let (tx, rx) = mpsc::channel();
+    assert!(
+        returns_within(Duration::from_secs(3), move || {
+            let _ = tx.send(drain(Duration::from_millis(200)));
+        }),
+        "drain(200 ms) did not return within 3 s with a stream that never completes"
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(200), "gave up before its deadline");
+    assert_eq!(rx.recv().unwrap(), Drained { leaked: 1, in_flight: 0 });
+    assert_eq!(crate::stats().releases_leaked - leaked0, 1, "the leak is counted");
+    assert!(ok_dropped.load(Ordering::SeqCst), "a completed release was not done by the drain");
+    assert!(!stuck_dropped.load(Ordering::SeqCst), "released before its stream completed");
+    fake.open();
+    assert!(drain(Duration::from_millis(100)).is_complete(), "the leaked release left the queue");
+    assert!(!stuck_dropped.load(Ordering::SeqCst), "a leaked keep-alive is never dropped");
+}
+
+#[test]
+fn a_failed_query_keeps_the_keep_alive() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fake = Fake::new();
+    let (pending0, leaked0) = (pending(), crate::stats().releases_leaked);
+    let (k, dropped) = flag();
+    release_after(Some(&fake.stream(QUERY_FAILS)), k);
+    // The reaper thread queries, and must not free on error.
+    assert!(eventually(Duration::from_secs(2), || pending() == pending0), "never taken out of the queue");
+    assert!(!dropped.load(Ordering::SeqCst), "the keep-alive was dropped although its event query failed");
+    assert_eq!(crate::stats().releases_leaked - leaked0, 1, "the leak is counted");
+}
+
+#[test]
+fn a_failed_synchronize_in_a_flush_keeps_the_keep_alive() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fake = Fake::new();
+    let s = fake.stream(SYNC_FAILS);
+    let (k, dropped) = flag();
+    let leaked0 = crate::stats().releases_leaked;
+    release_after(Some(&s), k);
+    let ((), d) = crate::stats::measure(|| flush_stream(&s));
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "flush dropped the keep-alive although waiting for its event failed"
+    );
+    assert_eq!(d.host_syncs, 1);
+    assert_eq!(crate::stats().releases_leaked - leaked0, 1, "the leak is counted");
+}
+
+#[test]
+fn a_failed_record_keeps_the_keep_alive() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fake = Fake::new();
+    let (k, dropped) = flag();
+    let ((), d) = crate::stats::measure(|| release_after(Some(&fake.stream(RECORD_FAILS)), k));
+    assert!(!dropped.load(Ordering::SeqCst));
+    assert_eq!((d.releases_leaked, d.releases_deferred), (1, 0));
+}
+
+#[cfg(unix)]
+#[test]
+fn a_forked_child_releases_nothing() {
+    unsafe extern "C" {
+        fn fork() -> i32;
+        fn waitpid(pid: i32, status: *mut i32, options: i32) -> i32;
+        fn _exit(code: i32) -> !;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fake = Fake::new();
+    let ok = fake.stream(OK);
+    // The parent's reaper runs before the fork.
+    let (k, dropped) = flag();
+    release_after(Some(&ok), k);
+    flush_stream(&ok);
+    assert!(dropped.load(Ordering::SeqCst));
+
+    // SAFETY: the child only touches atomics, its own stack and heap (glibc's fork
+    // makes malloc usable in the child) and the reaper's fork-child paths, which
+    // take no lock, then leaves with `_exit`, running no exit handler.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let (k, dropped) = flag();
+        let leaked0 = crate::stats().releases_leaked;
+        release_after(Some(&ok), k);
+        flush();
+        let left = drain(Duration::from_secs(1));
+        let code = if dropped.load(Ordering::SeqCst) {
+            1
+        } else if crate::stats().releases_leaked != leaked0 + 1 {
+            2
+        } else if !left.is_complete() {
+            3
+        } else {
+            0
+        };
+        // SAFETY: ends the child at once, as a fork child of a threaded process must.
+        unsafe { _exit(code) }
+    }
+    let mut status = -1;
+    // SAFETY: `pid` is our child; `status` is a valid place for its status.
+    let waited = unsafe { waitpid(pid, &mut status, 0) };
+    assert_eq!(waited, pid);
+    assert_eq!(
+        status >> 8,
+        0,
+        "in the child (raw status {status:#x}): 1 = a keep-alive was dropped, 2 = the leak was not counted, \
+         3 = the drain saw the parent's queue"
+    );
+    // The parent's reaper is unaffected.
+    let (k, dropped) = flag();
+    release_after(Some(&ok), k);
+    flush_stream(&ok);
+    assert!(dropped.load(Ordering::SeqCst));
+}
