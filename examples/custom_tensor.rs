@@ -3,7 +3,7 @@
 //!
 //! XLA's CPU client views host memory only when it is 64-byte aligned; a `Vec`'s
 //! memory usually is not, so there the example shows the refusal and then the
-//! explicit, counted copy (`ImportOptions::allow_copy`).
+//! explicit, counted copy (`ViewOptions::allow_copy`).
 //!
 //! ```text
 //! eval "$(cargo xtask env)"; cargo run -p handoff-examples --example custom_tensor
@@ -16,7 +16,7 @@ use handoff::storage::Elements;
 use handoff::{DlpackExchange, Export, Stream, stats, transfer};
 use handoff_ndarray as _; // links the ndarray adapter, which registers itself
 use handoff_torch as _; // and PyTorch's
-use handoff_xla::{Client, ImportOptions};
+use handoff_xla::{Client, ViewOptions};
 use std::any::Any;
 
 /// A user's image type: pixels in any storage that can adopt, a shape, and the
@@ -100,7 +100,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (Err(refused), Some(client)) if target == "xla" => {
                 println!("xla: zero-copy view refused: {refused}");
                 let h = image().export(&host)?;
-                let copied = client.import_with(h, ImportOptions::default().allow_copy())?;
+                let copied = client.import_with(h, ViewOptions::default().allow_copy())?;
                 println!("xla: imported with an explicit copy (is_copied: {})", copied.is_copied());
                 Box::new(copied)
             }

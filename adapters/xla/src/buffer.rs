@@ -1,6 +1,6 @@
 //! Device buffers and PJRT events (RAII: each destroyed exactly once).
 
-use crate::client::{Client, ClientInner, Device};
+use crate::client::{Client, ClientInner, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::result::{self, Api};
@@ -11,23 +11,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A PJRT event, destroyed on drop.
-pub struct Event {
+pub struct PjrtEvent {
     api: Api,
     raw: *mut sys::PJRT_Event,
 }
 
 // SAFETY: PJRT events are thread-safe handles.
-unsafe impl Send for Event {}
+unsafe impl Send for PjrtEvent {}
 // SAFETY: as above.
-unsafe impl Sync for Event {}
+unsafe impl Sync for PjrtEvent {}
 
-impl Event {
+impl PjrtEvent {
     /// Takes ownership of a raw event (null gives `None`).
     ///
     /// # Safety
     /// `raw` must be null or an owned event of `api`'s plugin.
-    pub(crate) unsafe fn from_raw(api: Api, raw: *mut sys::PJRT_Event) -> Option<Event> {
-        (!raw.is_null()).then_some(Event { api, raw })
+    pub(crate) unsafe fn from_raw(api: Api, raw: *mut sys::PJRT_Event) -> Option<PjrtEvent> {
+        (!raw.is_null()).then_some(PjrtEvent { api, raw })
     }
 
     /// Whether it is ready. Never blocks.
@@ -52,7 +52,7 @@ impl Event {
     }
 }
 
-impl Drop for Event {
+impl Drop for PjrtEvent {
     fn drop(&mut self) {
         // SAFETY: owned, destroyed once.
         if let Err(e) = unsafe { result::event::destroy(self.api, self.raw) } {
@@ -207,8 +207,8 @@ impl Buffer {
     }
 
     /// The device it is on.
-    pub fn device(&self) -> Device {
-        Device { client: self.inner.client.clone(), index: self.inner.device }
+    pub fn device(&self) -> XlaDevice {
+        XlaDevice { client: self.inner.client.clone(), index: self.inner.device }
     }
 
     /// The client.
@@ -228,11 +228,11 @@ impl Buffer {
     }
 
     /// The buffer's ready event (the caller owns it).
-    pub fn ready_event(&self) -> Result<Event> {
+    pub fn ready_event(&self) -> Result<PjrtEvent> {
         // SAFETY: live buffer; the returned event is ours.
         let raw = unsafe { result::buffer::ready_event(self.api(), self.raw())? };
         // SAFETY: an owned event of this plugin.
-        unsafe { Event::from_raw(self.api(), raw) }.ok_or_else(|| {
+        unsafe { PjrtEvent::from_raw(self.api(), raw) }.ok_or_else(|| {
             XlaError::invalid("PJRT_Buffer_ReadyEvent.event", "null", "the plugin returned no event")
         })
     }
@@ -266,7 +266,7 @@ impl Buffer {
         // SAFETY: live buffer; `out` outlives the wait below.
         let raw = unsafe { result::buffer::to_host_buffer(self.api(), self.raw(), &mut out)? };
         // SAFETY: an owned event of this plugin.
-        if let Some(ev) = unsafe { Event::from_raw(self.api(), raw) } {
+        if let Some(ev) = unsafe { PjrtEvent::from_raw(self.api(), raw) } {
             ev.wait()?;
         }
         out.truncate(self.num_bytes());
@@ -294,7 +294,7 @@ impl Buffer {
 /// A scalar `i32` buffer holding `index` on `device`: the platform-index argument of
 /// a multi-platform `jax.export` artifact. Made from static memory, which outlives any
 /// transfer, so nothing waits for the copy.
-pub(crate) fn platform_index_buffer(client: &Client, device: &Device, index: usize) -> Result<Buffer> {
+pub(crate) fn platform_index_buffer(client: &Client, device: &XlaDevice, index: usize) -> Result<Buffer> {
     static INDICES: [i32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
     let value = INDICES
         .get(index)
@@ -315,7 +315,7 @@ pub(crate) fn platform_index_buffer(client: &Client, device: &Device, index: usi
         )?
     };
     // SAFETY: an owned event of this plugin; dropping it does not wait.
-    drop(unsafe { Event::from_raw(api, done) });
+    drop(unsafe { PjrtEvent::from_raw(api, done) });
     // SAFETY: an owned, live buffer of this client.
     unsafe { Buffer::from_raw(&client.inner, raw, false, None) }
 }
@@ -324,7 +324,7 @@ pub(crate) fn platform_index_buffer(client: &Client, device: &Device, index: usi
 /// (waits for the copy to be done with `data`: a counted host sync).
 pub(crate) fn from_host<T: Element + Copy>(
     client: &Client,
-    device: &Device,
+    device: &XlaDevice,
     data: &[T],
     shape: &[i64],
 ) -> Result<Buffer> {
@@ -354,7 +354,7 @@ pub(crate) fn from_host<T: Element + Copy>(
         )?
     };
     // SAFETY: owned event of this plugin.
-    let done = unsafe { Event::from_raw(api, done) };
+    let done = unsafe { PjrtEvent::from_raw(api, done) };
     if let Some(Err(e)) = done.map(|d| d.wait()) {
         // SAFETY: owned buffer, destroyed once on this error path.
         let _ = unsafe { result::buffer::destroy(api, raw) };

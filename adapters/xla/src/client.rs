@@ -3,7 +3,7 @@
 
 use crate::buffer::{self, Buffer};
 use crate::error::{Result, XlaError};
-use crate::exchange::{self, ImportOptions};
+use crate::exchange::{self, ViewOptions};
 use crate::executable::{self, CompileOptions, Executable, Program};
 use crate::options::{ClientOptions, named_value};
 use crate::plugin::Plugin;
@@ -156,12 +156,12 @@ impl Client {
     }
 
     /// The addressable devices, in PJRT's order.
-    pub fn devices(&self) -> Vec<Device> {
-        (0..self.inner.devices.len()).map(|i| Device { client: self.inner.clone(), index: i }).collect()
+    pub fn devices(&self) -> Vec<XlaDevice> {
+        (0..self.inner.devices.len()).map(|i| XlaDevice { client: self.inner.clone(), index: i }).collect()
     }
 
     /// The addressable device at `index`.
-    pub fn device(&self, index: usize) -> Result<Device> {
+    pub fn device(&self, index: usize) -> Result<XlaDevice> {
         if index >= self.inner.devices.len() {
             return Err(XlaError::invalid(
                 "device index",
@@ -169,11 +169,11 @@ impl Client {
                 format!("the client has {} addressable devices", self.inner.devices.len()),
             ));
         }
-        Ok(Device { client: self.inner.clone(), index })
+        Ok(XlaDevice { client: self.inner.clone(), index })
     }
 
     /// The device with this ordinal (CUDA device number; CPU device index).
-    pub fn device_by_ordinal(&self, ordinal: u32) -> Result<Device> {
+    pub fn device_by_ordinal(&self, ordinal: u32) -> Result<XlaDevice> {
         let i = self.inner.devices.iter().position(|d| d.hardware_id == ordinal as i32).ok_or_else(|| {
             XlaError::invalid(
                 "device ordinal",
@@ -181,12 +181,16 @@ impl Client {
                 format!("the {} client has no such device", self.platform()),
             )
         })?;
-        Ok(Device { client: self.inner.clone(), index: i })
+        Ok(XlaDevice { client: self.inner.clone(), index: i })
     }
 
     /// The device a hand-off of `memory` is viewed on: `index` when given, else the
     /// device `memory` names (device 0 for host memory).
-    pub(crate) fn device_for(&self, memory: handoff_runtime::Device, index: Option<usize>) -> Result<Device> {
+    pub(crate) fn device_for(
+        &self,
+        memory: handoff_runtime::Device,
+        index: Option<usize>,
+    ) -> Result<XlaDevice> {
         let device = match (memory, index) {
             (_, Some(i)) => self.device(i)?,
             (handoff_runtime::Device::Host, None) => self.device(0)?,
@@ -210,7 +214,7 @@ impl Client {
     /// done with `data`: a counted host sync).
     pub fn buffer_from_host<T: Element + Copy>(
         &self,
-        device: &Device,
+        device: &XlaDevice,
         data: &[T],
         shape: &[i64],
     ) -> Result<Buffer> {
@@ -241,7 +245,7 @@ impl Client {
     /// `device` (CUDA: the stream extension's `get_stream_for_external_ready_events`,
     /// asked of PJRT once per device). Export a value to this stream to hand it to
     /// [`Client::import`] with no extra wait. On CPU it is the host stream.
-    pub fn ready_stream(&self, device: &Device) -> Result<Stream> {
+    pub fn ready_stream(&self, device: &XlaDevice) -> Result<Stream> {
         exchange::ready_stream(self, device)
     }
 
@@ -261,23 +265,23 @@ impl Client {
     /// # Ok::<(), handoff_xla::XlaError>(())
     /// ```
     pub fn import(&self, handoff: Handoff) -> Result<Buffer> {
-        self.import_with(handoff, ImportOptions::default())
+        self.import_with(handoff, ViewOptions::default())
     }
 
     /// Imports a hand-off, with options (counted in `stats` as an import).
-    pub fn import_with(&self, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
+    pub fn import_with(&self, handoff: Handoff, options: ViewOptions) -> Result<Buffer> {
         exchange::import(self, handoff, options)
     }
 }
 
 /// An addressable device of a client.
 #[derive(Clone)]
-pub struct Device {
+pub struct XlaDevice {
     pub(crate) client: Arc<ClientInner>,
     pub(crate) index: usize,
 }
 
-impl Device {
+impl XlaDevice {
     fn info(&self) -> &DeviceInfo {
         &self.client.devices[self.index]
     }
@@ -317,17 +321,17 @@ impl Device {
     }
 }
 
-impl PartialEq for Device {
-    fn eq(&self, other: &Device) -> bool {
+impl PartialEq for XlaDevice {
+    fn eq(&self, other: &XlaDevice) -> bool {
         Arc::ptr_eq(&self.client, &other.client) && self.index == other.index
     }
 }
 
-impl std::fmt::Debug for Device {
+impl std::fmt::Debug for XlaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Device({} {}, id {}, ordinal {})",
+            "XlaDevice({} {}, id {}, ordinal {})",
             self.client.platform,
             self.kind(),
             self.id(),

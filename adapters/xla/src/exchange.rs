@@ -14,7 +14,7 @@
 //!   consumer's stream work has completed (the reaper).
 
 use crate::buffer::{Buffer, ViewWatch};
-use crate::client::{Client, Device};
+use crate::client::{Client, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::result;
@@ -31,11 +31,11 @@ pub const CPU_ALIGNMENT: usize = 64;
 /// Options of [`Client::import_with`].
 ///
 /// ```
-/// let o = handoff_xla::ImportOptions::default().allow_copy();
+/// let o = handoff_xla::ViewOptions::default().allow_copy();
 /// assert!(o.allow_copy);
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ImportOptions {
+pub struct ViewOptions {
     /// Copy host memory that XLA cannot view (not 64-byte aligned) instead of
     /// refusing it. The copy is counted in `stats` and marked `IS_COPIED`.
     pub allow_copy: bool,
@@ -44,7 +44,7 @@ pub struct ImportOptions {
     pub device: Option<usize>,
 }
 
-impl ImportOptions {
+impl ViewOptions {
     /// Allows a copy when a zero-copy view is impossible.
     pub fn allow_copy(mut self) -> Self {
         self.allow_copy = true;
@@ -113,7 +113,7 @@ unsafe extern "C" fn on_delete(_data: *mut c_void, user_arg: *mut c_void) {
 
 /// [`Client::ready_stream`]: the stream XLA reads hand-offs on for `device`, asked of
 /// PJRT once per device and cached in the client.
-pub(crate) fn ready_stream(client: &Client, device: &Device) -> Result<Stream> {
+pub(crate) fn ready_stream(client: &Client, device: &XlaDevice) -> Result<Stream> {
     let Some(ext) = client.plugin().stream_extension() else { return Ok(Stream::host()) };
     let cache = &client.inner.ready_streams[device.index];
     if let Some(s) = cache.get() {
@@ -131,13 +131,13 @@ pub(crate) fn ready_stream(client: &Client, device: &Device) -> Result<Stream> {
 
 /// [`Client::import_with`]: a view of the hand-off's memory (see the module docs),
 /// counted in `stats` as an import.
-pub(crate) fn import(client: &Client, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
+pub(crate) fn import(client: &Client, handoff: Handoff, options: ViewOptions) -> Result<Buffer> {
     let buffer = import_uncounted(client, handoff, options)?;
     handoff_runtime::__private::counted_import();
     Ok(buffer)
 }
 
-fn import_uncounted(client: &Client, handoff: Handoff, options: ImportOptions) -> Result<Buffer> {
+fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> Result<Buffer> {
     let dtype = handoff.dtype();
     let t = dtype::to_pjrt(dtype).ok_or_else(|| {
         XlaError::invalid(
@@ -182,7 +182,7 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ImportOptions) -
             format!(
                 "XLA's CPU client views host memory only when it is {CPU_ALIGNMENT}-byte aligned \
                  (this address is {} bytes past a boundary); align the allocation, or import with \
-                 ImportOptions::allow_copy() to copy it",
+                 ViewOptions::allow_copy() to copy it",
                 data as usize % CPU_ALIGNMENT
             ),
         ));
@@ -204,7 +204,7 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ImportOptions) -
 #[allow(clippy::too_many_arguments)]
 unsafe fn view<K: Send + 'static>(
     client: &Client,
-    device: &Device,
+    device: &XlaDevice,
     data: *mut c_void,
     pjrt_type: std::ffi::c_int,
     shape: &[i64],
@@ -398,7 +398,7 @@ fn cuda_stream(ordinal: u32, raw: u64) -> Result<Stream> {
 }
 
 #[cfg(feature = "cuda")]
-fn consumer_raw(consumer: &Stream, device: &Device) -> Result<u64> {
+fn consumer_raw(consumer: &Stream, device: &XlaDevice) -> Result<u64> {
     match handoff_runtime::cuda::raw_stream(consumer) {
         Some((ordinal, raw)) if ordinal == device.ordinal() => Ok(raw),
         _ => Err(XlaError::from(handoff_runtime::Error::CrossDevice {
@@ -409,7 +409,7 @@ fn consumer_raw(consumer: &Stream, device: &Device) -> Result<u64> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn consumer_raw(consumer: &Stream, device: &Device) -> Result<u64> {
+fn consumer_raw(consumer: &Stream, device: &XlaDevice) -> Result<u64> {
     Err(XlaError::invalid(
         "consumer stream",
         format!("{consumer:?}"),

@@ -1,7 +1,7 @@
 //! Programs (StableHLO text or bytecode), compilation and execution.
 
-use crate::buffer::{Buffer, Event};
-use crate::client::{Client, ClientInner, Device};
+use crate::buffer::{Buffer, PjrtEvent};
+use crate::client::{Client, ClientInner, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::hlo::{self, ArraySpec};
@@ -325,7 +325,7 @@ impl Executable {
             result::executable::execute(api, self.raw, raw_inputs, self.outputs.len(), device, non_donatable)?
         };
         // SAFETY: an owned event (dropped: readiness is tracked per output buffer).
-        drop(unsafe { Event::from_raw(api, complete) });
+        drop(unsafe { PjrtEvent::from_raw(api, complete) });
         let mut buffers = Vec::with_capacity(outs.len());
         let mut failed = None;
         for raw in outs {
@@ -350,8 +350,8 @@ impl Executable {
     }
 
     /// The device it executes on.
-    pub fn device(&self) -> Device {
-        Device { client: self.client.clone(), index: self.device.unwrap_or(0) }
+    pub fn device(&self) -> XlaDevice {
+        XlaDevice { client: self.client.clone(), index: self.device.unwrap_or(0) }
     }
 }
 

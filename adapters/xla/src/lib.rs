@@ -25,7 +25,7 @@
 //! - `result`: thin wrappers, one PJRT call each, turning a `PJRT_Error` into
 //!   [`XlaError::Pjrt`] (its message and code), destroying the error;
 //! - safe RAII types: [`Plugin`] (loaded once, never unloaded), [`Client`] (every
-//!   method in one place), [`Device`], [`Executable`], [`Buffer`], [`Event`], each
+//!   method in one place), [`XlaDevice`], [`Executable`], [`Buffer`], [`PjrtEvent`], each
 //!   destroyed exactly once; [`ClientOptions`] and the named values in `options`.
 //!
 //! Exchange: [`Buffer`] is `StreamOrdered` and `Export` like every adapter's type, and
@@ -48,10 +48,10 @@ mod result;
 mod sys;
 
 pub use artifact::Artifact;
-pub use buffer::{Buffer, Event, ViewWatch};
-pub use client::{Client, Device};
+pub use buffer::{Buffer, PjrtEvent, ViewWatch};
+pub use client::{Client, XlaDevice};
 pub use error::{ErrorCode, Result, XlaError};
-pub use exchange::{Borrowed, CPU_ALIGNMENT, ImportOptions};
+pub use exchange::{Borrowed, CPU_ALIGNMENT, ViewOptions};
 pub use executable::{CompileOptions, Executable, Program};
 pub use hlo::ArraySpec;
 pub use kernel::{Args, AsIs, CallOptions, Imported, Inputs, Kernel, Output, Outputs, Source};

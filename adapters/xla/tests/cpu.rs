@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use handoff_runtime::dtype::DataType;
 use handoff_runtime::{Device, Export, Handoff, Ready, Release, Stream, TensorDesc, reaper, stats};
-use handoff_xla::{Client, ClientOptions, CompileOptions, ImportOptions, Plugin, Program, XlaError};
+use handoff_xla::{Client, ClientOptions, CompileOptions, Plugin, Program, ViewOptions, XlaError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -251,7 +251,7 @@ fn unaligned_host_memory_is_refused_unless_a_copy_is_asked() {
     let m = e.to_string();
     assert!(m.contains("64-byte aligned") && m.contains("allow_copy"), "{m}");
     let (x, d) = stats::measure(|| {
-        c.import_with(host_handoff((), ptr, &[4, 8]), ImportOptions::default().allow_copy()).unwrap()
+        c.import_with(host_handoff((), ptr, &[4, 8]), ViewOptions::default().allow_copy()).unwrap()
     });
     assert_eq!((d.copies, d.bytes_copied), (1, 128));
     assert!(x.is_copied());

@@ -4,9 +4,9 @@
 
 use super::{CallOptions, Kernel};
 use crate::buffer::Buffer;
-use crate::client::Device;
+use crate::client::XlaDevice;
 use crate::error::{Result, XlaError};
-use crate::exchange::ImportOptions;
+use crate::exchange::ViewOptions;
 use crate::executable::check_spec;
 use handoff_runtime::{Export, Exportable, Stream};
 use std::any::Any;
@@ -68,13 +68,13 @@ impl Inputs<'_> {
         if handoff.is_read_only() {
             self.read_only.push(self.buffers.len() as i64);
         }
-        let options = ImportOptions { allow_copy: self.options.allow_copy, device: Some(k.device.index) };
+        let options = ViewOptions { allow_copy: self.options.allow_copy, device: Some(k.device.index) };
         self.buffers.push(k.client.import_with(handoff, options)?);
         Ok(())
     }
 }
 
-fn device_mismatch(program: &str, index: usize, expected: &Device, got: impl std::fmt::Debug) -> XlaError {
+fn device_mismatch(program: &str, index: usize, expected: &XlaDevice, got: impl std::fmt::Debug) -> XlaError {
     XlaError::InputMismatch {
         program: program.to_string(),
         index,

@@ -27,7 +27,7 @@
 
 use crate::artifact::Artifact;
 use crate::buffer::{self, Buffer};
-use crate::client::{Client, Device};
+use crate::client::{Client, XlaDevice};
 use crate::error::{Result, XlaError};
 use crate::executable::{CompileOptions, Executable, Program, list};
 use crate::hlo::ArraySpec;
@@ -50,7 +50,7 @@ pub use outputs::{AsIs, Imported, Output, Outputs};
 pub struct Kernel {
     exe: Executable,
     client: Client,
-    device: Device,
+    device: XlaDevice,
     /// The stream the device reads inputs on (the host on CPU).
     ready: Stream,
     /// The caller-visible parameters, when known.
@@ -144,7 +144,7 @@ pub struct CallOptions {
     /// host on CPU). Outputs returned as XLA buffers need none.
     pub output_stream: Option<Stream>,
     /// Copy host memory XLA's CPU client cannot view (not 64-byte aligned) instead of
-    /// refusing it (counted, see [`ImportOptions::allow_copy`](crate::ImportOptions::allow_copy)).
+    /// refusing it (counted, see [`ViewOptions::allow_copy`](crate::ViewOptions::allow_copy)).
     pub allow_copy: bool,
     /// Let the program donate inputs it aliases to outputs (off by default: the
     /// inputs are the caller's tensors). Read-only inputs are never donated.
@@ -238,7 +238,7 @@ impl Kernel {
     }
 
     /// The device it runs on.
-    pub fn device(&self) -> &Device {
+    pub fn device(&self) -> &XlaDevice {
         &self.device
     }
 

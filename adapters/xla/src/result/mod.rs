@@ -8,7 +8,7 @@
 //! the call itself.
 //!
 //! These functions take and return raw handles; ownership is the caller's (the safe
-//! types, `Client`, `Buffer`, `Executable`, `Event`, destroy each handle exactly once).
+//! types, `Client`, `Buffer`, `Executable`, `PjrtEvent`, destroy each handle exactly once).
 //! Anything that combines several calls lives with the safe type that needs it.
 
 use crate::error::{ErrorCode, Result, XlaError};
