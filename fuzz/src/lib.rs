@@ -26,16 +26,23 @@
 //! allocation size, so an importer cannot know whether a producer's extent fits its
 //! memory. What it promises, and what the oracle checks, is that an accepted
 //! tensor's extent fits in `isize` and that everything reads back as given.
+//!
+//! A descriptor may come with a NULL deleter (DLPack allows it: the producer keeps
+//! ownership and frees the memory itself once the consumer is done). Then the
+//! harness, as that producer, frees everything only after the consumer has let go
+//! ([`Built::release`]); any later use by handoff is a use-after-free ASan reports.
+//!
+//! The managed tensors are built by `handoff_tests::Foreign`, the integration tests'
+//! builder, whose deleter counts its calls and frees the metadata and the data.
 
 use arbitrary::{Arbitrary, Unstructured};
-use handoff::ffi::{DlpackFlags, 
-    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
-    DLPackVersion, DLTensor,
+use handoff::ffi::{
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion,
 };
 use handoff::{Access, Device, Error, Handoff, MAX_NDIM, Stream, ValidationError};
+pub use handoff_tests::DeleterCount as Count;
+use handoff_tests::Foreign;
 use std::ffi::c_void;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Where the data pointer points.
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +72,8 @@ pub struct Desc {
     /// Bytes of the data allocation.
     pub alloc_len: usize,
     pub access: Access,
+    /// The managed tensor's deleter is NULL: the producer frees it itself.
+    pub null_deleter: bool,
 }
 
 fn pick<T: Copy>(
@@ -145,6 +154,7 @@ impl<'a> Arbitrary<'a> for Desc {
         let alloc_len = u.int_in_range(0..=512)?;
         let data = if u.ratio(1, 8)? { Data::Null } else { Data::Into(u.int_in_range(0..=alloc_len)?) };
         let access = if u.arbitrary()? { Access::Write } else { Access::Read };
+        let null_deleter = u.ratio(1, 8)?;
         Ok(Desc {
             legacy,
             version: DLPackVersion { major, minor },
@@ -159,32 +169,20 @@ impl<'a> Arbitrary<'a> for Desc {
             data,
             alloc_len,
             access,
+            null_deleter,
         })
     }
 }
 
-/// Counts the deleter's calls.
-#[derive(Clone, Default)]
-pub struct Count(Arc<AtomicUsize>);
-
-impl Count {
-    /// The calls so far.
-    pub fn get(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// What the foreign producer owns: the deleter frees all of it, so a read of the
-/// metadata after the deleter ran is a use-after-free that ASan reports.
-struct Ctx {
-    count: Count,
-    _bytes: Vec<u64>,
-    _shape: Vec<i64>,
-    _strides: Option<Vec<i64>>,
+/// The deleter a producer keeps for itself when it gives a NULL one.
+enum OwnFree {
+    Versioned(unsafe extern "C" fn(*mut DLManagedTensorVersioned)),
+    Legacy(unsafe extern "C" fn(*mut DLManagedTensor)),
 }
 
 /// A descriptor materialised as a foreign managed tensor.
 pub struct Built {
+    /// Calls of the deleter (for a NULL deleter: of the producer's own free).
     pub count: Count,
     pub versioned: *mut DLManagedTensorVersioned,
     pub legacy: *mut DLManagedTensor,
@@ -192,57 +190,91 @@ pub struct Built {
     pub data: *mut c_void,
     /// The allocation's start and length in bytes.
     pub alloc: (usize, usize),
+    /// With a NULL deleter: the free the producer does itself, once the consumer is done.
+    own_free: Option<OwnFree>,
+}
+
+impl Built {
+    /// Whether the managed tensor's deleter is NULL.
+    pub fn null_deleter(&self) -> bool {
+        self.own_free.is_some()
+    }
+
+    /// The consumer is done with the tensor (dropped, or refused it): its deleter must
+    /// have run exactly once, or, when it is NULL, nothing ran and the producer frees
+    /// the memory now (a later use by the consumer is a use-after-free ASan reports).
+    pub fn release(&mut self, what: &str) {
+        match self.own_free.take() {
+            None => assert_eq!(self.count.get(), 1, "{what}: the deleter must have run exactly once"),
+            Some(free) => {
+                assert_eq!(self.count.get(), 0, "{what}: a NULL deleter, yet the producer's memory was freed");
+                // SAFETY: the pointer and the function were made together by
+                // `Foreign`; the consumer is done with it and has no deleter to call.
+                unsafe {
+                    match free {
+                        OwnFree::Versioned(f) => f(self.versioned),
+                        OwnFree::Legacy(f) => f(self.legacy),
+                    }
+                }
+                assert_eq!(self.count.get(), 1);
+            }
+        }
+    }
 }
 
 impl Desc {
     /// Builds the managed tensor (versioned or legacy as `self.legacy` says).
     pub fn build(&self) -> Built {
-        let count = Count::default();
         let mut bytes = vec![0u64; self.alloc_len.div_ceil(8)];
         for (i, b) in bytes.iter_mut().enumerate() {
             *b = 0x0101_0101_0101_0101u64.wrapping_mul(i as u64 + 1);
         }
-        let mut shape = self.shape.clone();
-        let mut strides = self.strides.clone();
-        let base = bytes.as_mut_ptr() as *mut u8;
+        // Moving the Vec into the builder keeps its heap buffer where it is.
+        let base = bytes.as_mut_ptr() as usize;
         let data = match self.data {
-            Data::Null => std::ptr::null_mut(),
-            // SAFETY: offset <= alloc_len <= the Vec's byte length: in or one past it.
-            Data::Into(off) => unsafe { base.add(off) as *mut c_void },
+            Data::Null => 0,
+            // offset <= alloc_len <= the Vec's byte length: in or one past it.
+            Data::Into(off) => base + off,
         };
-        let tensor = DLTensor {
-            data,
+        let foreign = Foreign {
+            bytes,
+            data: Some(data),
             device: self.device,
-            ndim: self.ndim,
             dtype: self.dtype,
-            shape: if self.null_shape { std::ptr::null_mut() } else { shape.as_mut_ptr() },
-            strides: strides.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr()),
+            ndim: Some(self.ndim),
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            null_shape: self.null_shape,
             byte_offset: self.byte_offset,
+            flags: self.flags,
+            version: self.version,
         };
-        let alloc = (base as usize, self.alloc_len);
-        let ctx = Box::into_raw(Box::new(Ctx {
-            count: count.clone(),
-            _bytes: bytes,
-            _shape: shape,
-            _strides: strides,
-        })) as *mut c_void;
         let (mut versioned, mut legacy) = (std::ptr::null_mut(), std::ptr::null_mut());
-        if self.legacy {
-            legacy = Box::into_raw(Box::new(DLManagedTensor {
-                dl_tensor: tensor,
-                manager_ctx: ctx,
-                deleter: Some(delete_legacy),
-            }));
+        let (count, free) = if self.legacy {
+            let (m, count) = foreign.legacy();
+            legacy = m;
+            // SAFETY: `m` is the fresh managed tensor `Foreign` just made, ours alone.
+            (count, unsafe { (*m).deleter.take() }.map(OwnFree::Legacy))
         } else {
-            versioned = Box::into_raw(Box::new(DLManagedTensorVersioned {
-                version: self.version,
-                manager_ctx: ctx,
-                deleter: Some(delete_versioned),
-                flags: DlpackFlags::from_bits_retain(self.flags),
-                dl_tensor: tensor,
-            }));
-        }
-        Built { count, versioned, legacy, data, alloc }
+            let (m, count) = foreign.versioned();
+            versioned = m;
+            // SAFETY: as above.
+            (count, unsafe { (*m).deleter.take() }.map(OwnFree::Versioned))
+        };
+        let own_free = if self.null_deleter {
+            free
+        } else {
+            // SAFETY: as above: the deleter goes back in place.
+            unsafe {
+                match free {
+                    Some(OwnFree::Legacy(f)) => (*legacy).deleter = Some(f),
+                    Some(OwnFree::Versioned(f)) => (*versioned).deleter = Some(f),
+                    None => unreachable!("Foreign always sets a deleter"),
+                }
+            }
+            None
+        };
+        Built { count, versioned, legacy, data: data as *mut c_void, alloc: (base, self.alloc_len), own_free }
     }
 
     /// Imports it through `from_raw` or `from_raw_legacy` on `consumer`.
@@ -264,31 +296,35 @@ impl Desc {
     }
 }
 
-unsafe extern "C" fn delete_versioned(m: *mut DLManagedTensorVersioned) {
-    // SAFETY: `m` and its context were made by `Desc::build` with Box, and the
-    // deleter is called at most once (a second call is a double free ASan reports).
-    unsafe {
-        let m = Box::from_raw(m);
-        let ctx = Box::from_raw(m.manager_ctx as *mut Ctx);
-        ctx.count.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-unsafe extern "C" fn delete_legacy(m: *mut DLManagedTensor) {
-    // SAFETY: as above.
-    unsafe {
-        let m = Box::from_raw(m);
-        let ctx = Box::from_raw(m.manager_ctx as *mut Ctx);
-        ctx.count.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn compact(shape: &[i64]) -> Option<Vec<i64>> {
+/// Compact row-major strides of `shape`, `None` when they overflow `i64`.
+pub fn compact(shape: &[i64]) -> Option<Vec<i64>> {
     let mut s = vec![1i64; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1].checked_mul(shape[i + 1])?;
     }
     Some(s)
+}
+
+/// The bytes `shape`/`strides` of `bits`-bit elements reach, relative to the first
+/// element: `(lo, hi)`, the lowest byte and one past the highest (sub-byte elements
+/// packed); `None` without elements. Computed here on its own, in bits, for the
+/// oracles (shape and stride values must keep the sums within `i128`).
+pub fn extent(shape: &[i64], strides: &[i64], bits: u32) -> Option<(i128, i128)> {
+    if shape.iter().any(|&d| d <= 0) {
+        return None;
+    }
+    let (mut lo, mut hi) = (0i128, 0i128);
+    for (&d, &s) in shape.iter().zip(strides) {
+        let step = (d as i128 - 1) * s as i128;
+        if step < 0 { lo += step } else { hi += step }
+    }
+    let bits = bits as i128;
+    Some(((lo * bits).div_euclid(8), ((hi + 1) * bits + 7).div_euclid(8)))
+}
+
+/// The byte the producer wrote at offset `k` of a harness allocation (see `Desc::build`).
+pub fn byte_at(k: usize) -> u8 {
+    0x0101_0101_0101_0101u64.wrapping_mul(k as u64 / 8 + 1).to_le_bytes()[k % 8]
 }
 
 /// Checks an outcome of [`Desc::import`] against the descriptor, without dropping it.
@@ -299,7 +335,8 @@ pub fn check_outcome(d: &Desc, r: &Result<Handoff, Error>, b: &Built) {
     let known = 0b111u64;
     match r {
         Err(Error::Validation(e)) => {
-            assert_eq!(b.count.get(), 1, "deleter must have run exactly once on error {e:?}");
+            let expected = if b.null_deleter() { 0 } else { 1 };
+            assert_eq!(b.count.get(), expected, "deleter must have run exactly once on error {e:?}");
             assert!(!e.to_string().is_empty());
             // What must be refused first, whatever else is wrong.
             if !d.legacy && d.version.major != 1 {
@@ -390,7 +427,7 @@ pub fn fuzz_import(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok(d) = Desc::arbitrary(&mut u) else { return };
     let host = Stream::host();
-    let (r, b) = d.import(&host);
+    let (r, mut b) = d.import(&host);
     check_outcome(&d, &r, &b);
     if let Ok(h) = r {
         // A round trip through the raw pointer, as a C consumer would take it.
@@ -410,7 +447,11 @@ pub fn fuzz_import(data: &[u8]) {
         }
     }
     // Host consumer: the release is immediate (no reaper involved).
-    assert_eq!(b.count.get(), 1, "the deleter must run exactly once, after the hand-off is dropped");
+    b.release("after the hand-off is dropped");
 }
 
+pub mod consume;
+pub mod export;
+pub mod fake;
+pub mod reaper_faults;
 pub mod registry;

@@ -11,12 +11,14 @@
 use crate::keep_alive;
 use handoff_runtime::Handoff;
 use handoff_runtime::ffi::{DLManagedTensor, DLManagedTensorVersioned};
+use handoff_runtime::reaper;
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::ffi::{CStr, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 const DLTENSOR: &CStr = c"dltensor";
 const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
@@ -169,12 +171,22 @@ fn new_capsule<'py>(
 }
 
 /// Drops a hand-off whose consumer is done with it. After interpreter shutdown has
-/// begun, a hand-off that would be released behind a device stream is kept (leaked)
-/// instead: the reaper thread could no longer run a producer's deleter that needs
-/// the GIL. A host release happens at once, on this thread, as always.
+/// begun (the interpreter is finalizing and destroying what is left), the release
+/// behind a device stream is done here, on this thread, which holds the GIL a
+/// producer's deleter may need: the consumer stream's queued work is waited for (a
+/// counted host sync, at process exit only) and the producer's tensor released then.
+/// Leaking it instead would leave the producer's own objects (a JAX array's buffer)
+/// with an outstanding hold when the interpreter destroys them. A host release
+/// happens at once, on this thread, as always.
 fn release(handoff: Handoff) {
     if keep_alive::shutting_down() && !handoff.consumer_stream().is_host() {
-        std::mem::forget(handoff);
+        // Bounded, as the exit drain is: once one wait ran out (a device that stopped),
+        // later releases are left to the reaper's leak rule instead of waiting again.
+        static STUCK: AtomicBool = AtomicBool::new(false);
+        drop(handoff);
+        if !STUCK.load(Ordering::Relaxed) && !reaper::drain(reaper::EXIT_DRAIN_TIMEOUT).is_complete() {
+            STUCK.store(true, Ordering::Relaxed);
+        }
     } else {
         drop(handoff);
     }

@@ -21,8 +21,9 @@ pub fn shutting_down() -> bool {
 /// still whole: performs the queued releases as their events complete (without the
 /// GIL, for at most `reaper::EXIT_DRAIN_TIMEOUT`; what is left then is leaked and
 /// reported, so exit never hangs on a device that stopped). From then on, hand-offs
-/// released behind a device stream are leaked rather than queued: during finalization
-/// the reaper thread could not take the GIL a producer's deleter may need.
+/// released behind a device stream are released on the releasing thread after a wait
+/// for the consumer stream (see `capsule::release`): during finalization the reaper
+/// thread could not take the GIL a producer's deleter may need.
 #[pyfunction(name = "_shutdown")]
 pub fn shutdown(py: Python<'_>) {
     SHUTTING_DOWN.store(true, Ordering::Release);
