@@ -297,7 +297,8 @@ fn one(u: &mut Unstructured<'_>, streams: &[Stream]) -> arbitrary::Result<Option
             let keep = Keep { data: (0..layout.len.div_ceil(8) as u64).collect(), _guard: guard };
             let storage = (keep.data.as_ptr() as usize, layout.len.div_ceil(8) * 8);
             let align = handoff::dtype::alignment(layout.dtype) as u64;
-            let valid = layout.fits(storage.1) && (storage.0 as u64).wrapping_add(layout.byte_offset) % align == 0;
+            let start = (storage.0 as u64).checked_add(layout.byte_offset);
+            let valid = layout.fits(storage.1) && start.is_some_and(|s| s % align == 0);
             let r = Handoff::with_keep_alive(
                 keep,
                 |k| {
@@ -351,8 +352,9 @@ fn one(u: &mut Unstructured<'_>, streams: &[Stream]) -> arbitrary::Result<Option
             // The export releases at once when the consumer is the producer's stream.
             // KNOWN (reported, not fixed here): the derive's `release_stream` is the
             // stream field even over `Vec` storage, which the host frees at once, so
-            // the memory goes before the consumer's queued work is done. Not checked.
-            let immediate = v.release_stream().as_ref() == Some(&consumer);
+            // the memory goes before the consumer's queued work is done. Not checked,
+            // unless HANDOFF_FUZZ_STRICT_DERIVED is set (fuzz/regressions/export/).
+            let immediate = v.release_stream().as_ref() == Some(&consumer) && !strict_derived();
             let r = v.export(&consumer);
             check_export(&r, fits, &layout, storage.0);
             (r, storage, immediate)
@@ -396,6 +398,13 @@ fn one(u: &mut Unstructured<'_>, streams: &[Stream]) -> arbitrary::Result<Option
     Ok(Some(Out { what, slot, lane, kernel }))
 }
 
+/// Whether to check the release of derived types whose stream is the consumer's too
+/// (the known finding above).
+fn strict_derived() -> bool {
+    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STRICT.get_or_init(|| std::env::var_os("HANDOFF_FUZZ_STRICT_DERIVED").is_some())
+}
+
 /// A hand-off equals the description it was made from.
 fn check_same(h: &Handoff, l: &Layout, data: usize) {
     assert_eq!(h.data() as usize, data);
@@ -404,7 +413,7 @@ fn check_same(h: &Handoff, l: &Layout, data: usize) {
     assert_eq!(h.shape(), &l.shape[..]);
     assert_eq!(h.byte_offset(), l.byte_offset);
     let given = l.strides.clone().or_else(|| compact(&l.shape)).expect("accepted strides");
-    if handoff::storage::is_compact(&l.shape, &given) {
+    if crate::is_compact(&l.shape, &given) {
         assert_eq!(Some(h.strides().to_vec()), compact(&l.shape), "compact strides are canonical");
     } else {
         assert_eq!(h.strides(), &given[..]);
@@ -435,8 +444,9 @@ fn check_describe(r: handoff::Result<TensorDesc<'_>>, fits: bool, l: &Layout, da
     }
 }
 
-/// A derived export: refused when describe is, or when the start is misaligned, or
-/// when the fake stream's wait failed; else the hand-off is the description.
+/// A derived export: refused when describe is, when the first element's address
+/// overflows or is misaligned, or when the fake stream's wait failed; else the
+/// hand-off is the description.
 fn check_export(r: &handoff::Result<Handoff>, fits: bool, l: &Layout, data: usize) {
     match r {
         Ok(h) => {
@@ -445,10 +455,13 @@ fn check_export(r: &handoff::Result<Handoff>, fits: bool, l: &Layout, data: usiz
             assert!(!h.is_read_only() && !h.is_copied());
         }
         Err(e) => {
-            let aligned = (data as u64).wrapping_add(l.byte_offset) % handoff::dtype::alignment(l.dtype) as u64 == 0;
+            let start = (data as u64).checked_add(l.byte_offset);
             let why = match e {
                 Error::Backend { call: "wait", .. } => true,
-                Error::Validation(ValidationError::Misaligned { .. }) => !aligned,
+                Error::Validation(ValidationError::ByteOffsetOverflow { .. }) => start.is_none(),
+                Error::Validation(ValidationError::Misaligned { .. }) => {
+                    start.is_some_and(|s| s % handoff::dtype::alignment(l.dtype) as u64 != 0)
+                }
                 _ => !fits,
             };
             assert!(why, "export refused without a reason: {e} ({l:?})");

@@ -81,7 +81,101 @@ pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
     if unsafe { ffi::PyCapsule_SetName(raw, used.as_ptr()) } != 0 {
         return Err(PyErr::take(py).unwrap_or_else(|| PyBufferError::new_err("cannot rename the capsule")));
     }
-    Ok(if versioned { Taken::Versioned(pointer.cast()) } else { Taken::Legacy(pointer.cast()) })
+    Ok(if versioned {
+        Taken::Versioned(GilProxy::wrap(pointer.cast::<DLManagedTensorVersioned>()))
+    } else {
+        Taken::Legacy(GilProxy::wrap(pointer.cast::<DLManagedTensor>()))
+    })
+}
+
+/// A managed tensor of the DLPack ABI (versioned or legacy), as the proxy needs it.
+trait ManagedAbi: Sized {
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)>;
+    fn proxy_of(&self, ctx: *mut c_void, deleter: unsafe extern "C" fn(*mut Self)) -> Self;
+    fn set_ctx(&mut self, ctx: *mut c_void);
+}
+
+impl ManagedAbi for DLManagedTensorVersioned {
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
+    }
+    fn proxy_of(&self, ctx: *mut c_void, deleter: unsafe extern "C" fn(*mut Self)) -> Self {
+        DLManagedTensorVersioned {
+            version: self.version,
+            manager_ctx: ctx,
+            deleter: Some(deleter),
+            flags: self.flags,
+            dl_tensor: self.dl_tensor,
+        }
+    }
+    fn set_ctx(&mut self, ctx: *mut c_void) {
+        self.manager_ctx = ctx;
+    }
+}
+
+impl ManagedAbi for DLManagedTensor {
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
+    }
+    fn proxy_of(&self, ctx: *mut c_void, deleter: unsafe extern "C" fn(*mut Self)) -> Self {
+        DLManagedTensor { dl_tensor: self.dl_tensor, manager_ctx: ctx, deleter: Some(deleter) }
+    }
+    fn set_ctx(&mut self, ctx: *mut c_void) {
+        self.manager_ctx = ctx;
+    }
+}
+
+/// A stand-in for a producer's managed tensor whose deleter calls the producer's own
+/// with the GIL held. Python producers rely on the GIL in their deleters (JAX's
+/// changes the buffer's external references, which its other calls change under the
+/// GIL too); the runtime may release on its reaper thread, which holds no GIL.
+#[repr(C)]
+struct GilProxy<M> {
+    /// What the runtime sees: the producer's tensor described again (its shape and
+    /// strides arrays stay the producer's, alive until its deleter runs).
+    managed: M,
+    /// The producer's managed tensor.
+    original: *mut M,
+}
+
+impl<M: ManagedAbi> GilProxy<M> {
+    /// Wraps `original` (owned by the caller, non-null); the result is owned the same way.
+    fn wrap(original: *mut M) -> *mut M {
+        // SAFETY: `original` is the producer's live managed tensor (non-null, checked
+        // by the capsule).
+        let managed = unsafe { (*original).proxy_of(ptr::null_mut(), Self::delete) };
+        let proxy = Box::into_raw(Box::new(GilProxy { managed, original }));
+        // SAFETY: `proxy` is a fresh allocation; its context is itself.
+        unsafe { (*proxy).managed.set_ctx(proxy.cast()) };
+        // `managed` is the first field of a repr(C) struct: the same address.
+        proxy.cast::<M>()
+    }
+
+    /// The proxy's deleter: the producer's, with the GIL held; leaked (never called
+    /// without it) once the interpreter cannot be attached to any more.
+    unsafe extern "C" fn delete(managed: *mut M) {
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            if managed.is_null() {
+                return;
+            }
+            // SAFETY: `managed` is the first field of a `GilProxy` made by `wrap`
+            // (repr(C)), and DLPack calls a deleter once.
+            let proxy = unsafe { Box::from_raw(managed.cast::<GilProxy<M>>()) };
+            let original = proxy.original;
+            // SAFETY: the producer's tensor, still owned here.
+            let Some(deleter) = (unsafe { (*original).deleter() }) else { return };
+            // SAFETY: the producer's deleter on its own tensor, once.
+            let called = Python::try_attach(|_py| unsafe { deleter(original) });
+            if called.is_none() {
+                report_panic(
+                    "a producer's deleter after interpreter shutdown (not called; the tensor is kept)",
+                );
+            }
+        }));
+        if r.is_err() {
+            report_panic("a producer's deleter");
+        }
+    }
 }
 
 /// The consumer's versioned managed tensor and the hand-off it views.
