@@ -543,9 +543,10 @@ pub fn fuzz_export(data: &[u8]) {
     }
     let barrier = Arc::new(Barrier::new(threads));
     let (tx, rx) = mpsc::channel();
+    let mut handles = Vec::new();
     for plan in plans {
         let (fake, streams, barrier, tx) = (fake.clone(), streams.clone(), barrier.clone(), tx.clone());
-        std::thread::spawn(move || {
+        handles.push(std::thread::spawn(move || {
             barrier.wait();
             for act in plan {
                 match act {
@@ -564,7 +565,7 @@ pub fn fuzz_export(data: &[u8]) {
                 }
             }
             let _ = tx.send(());
-        });
+        }));
     }
     drop(tx);
     for _ in 0..threads {
@@ -572,6 +573,11 @@ pub fn fuzz_export(data: &[u8]) {
             rx.recv_timeout(Duration::from_secs(10)).is_ok(),
             "a thread dropping hand-offs and flushing did not finish within 10 s"
         );
+    }
+    // Done: joined so that its exit (thread-local destructors) is over before the
+    // leak check that follows each input.
+    for h in handles {
+        h.join().expect("a dropping thread panicked");
     }
     reaper::flush();
     assert_eq!(reaper::pending(), 0, "releases left queued after flush()");

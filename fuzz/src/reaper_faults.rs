@@ -136,6 +136,7 @@ impl<'a> Arbitrary<'a> for Case {
 
 struct Flusher {
     done: mpsc::Receiver<()>,
+    thread: std::thread::JoinHandle<()>,
     lane: usize,
 }
 
@@ -146,6 +147,8 @@ fn join(flushers: &mut Vec<Flusher>) {
             "flush_stream of fake stream {} (which completes) did not return within 10 s on another thread",
             f.lane
         );
+        // Returned: joined so that its exit is over before the per-input leak check.
+        f.thread.join().expect("a flushing thread panicked");
     }
 }
 
@@ -270,11 +273,11 @@ pub fn fuzz_reaper(data: &[u8]) {
                 }
                 let (tx, rx) = mpsc::channel();
                 let s = streams[lane].clone();
-                std::thread::spawn(move || {
+                let thread = std::thread::spawn(move || {
                     reaper::flush_stream(&s);
                     let _ = tx.send(());
                 });
-                flushers.push(Flusher { done: rx, lane });
+                flushers.push(Flusher { done: rx, thread, lane });
             }
             Op::Join => join(&mut flushers),
             Op::Drain { ms } => {
