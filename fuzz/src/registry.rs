@@ -162,7 +162,7 @@ fn convert_case(w: &World, u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
     let mut buffer = None;
     let mut foreign = None;
     let mut expect: Option<Vec<f32>> = None;
-    let boxed: registry::Erased = match &value {
+    let boxed: registry::AnyTensor = match &value {
         Value::Mock { stream: s, shape } => {
             let n = shape.iter().product::<i64>() as usize;
             let v = values(n, seed);

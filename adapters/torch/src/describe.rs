@@ -8,7 +8,7 @@ use std::ffi::c_void;
 
 /// Reads and checks everything an export needs; refuses what DLPack cannot describe.
 pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<TensorDesc<'static>, TorchError> {
-    let mut facts = ffi::Facts::default();
+    let mut facts = ffi::TensorFacts::default();
     let (mut shape, mut strides) = ([0i64; MAX_NDIM as usize], [0i64; MAX_NDIM as usize]);
     // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `tensor`; the buffers
     // hold `cap` values each; the shim catches every exception.

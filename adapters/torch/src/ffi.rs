@@ -7,7 +7,7 @@ pub(crate) type Deleter = unsafe extern "C" fn(ctx: *mut c_void);
 
 /// `hf_facts` of shim.h.
 #[repr(C)]
-pub(crate) struct Facts {
+pub(crate) struct TensorFacts {
     pub defined: i32,
     pub layout: i32,
     pub scalar_type: i32,
@@ -24,9 +24,9 @@ pub(crate) struct Facts {
     pub dtype_name: [c_char; 32],
 }
 
-impl Default for Facts {
-    fn default() -> Facts {
-        Facts {
+impl Default for TensorFacts {
+    fn default() -> TensorFacts {
+        TensorFacts {
             defined: 0,
             layout: 0,
             scalar_type: 0,
@@ -54,7 +54,7 @@ unsafe extern "C" {
     fn hf_free_message(message: *mut c_char);
     pub(crate) fn hf_describe(
         tensor: *const c_void,
-        out: *mut Facts,
+        out: *mut TensorFacts,
         sizes: *mut i64,
         strides: *mut i64,
         cap: i32,

@@ -122,7 +122,7 @@ impl Adapter {
     /// when the value is one the adapter does not take (the value is given back in
     /// the [`ConvertError`]), or [`RegistryError::Failed`] with the adapter's own
     /// error (the value was consumed by the export).
-    pub fn export(&self, value: Erased, consumer: &Stream) -> Result<Handoff, ConvertError> {
+    pub fn export(&self, value: AnyTensor, consumer: &Stream) -> Result<Handoff, ConvertError> {
         let entry = match self.export_entry(&*value) {
             Ok(entry) => entry,
             Err(error) => return Err(ConvertError::refused(error, value)),
@@ -153,7 +153,7 @@ impl Adapter {
     /// [`RegistryError::CannotImport`], [`RegistryError::WrongContext`],
     /// [`RegistryError::UnsupportedDevice`] / [`RegistryError::UnsupportedDtype`], or
     /// [`RegistryError::Failed`].
-    pub fn import(&self, handoff: Handoff, ctx: &dyn Any) -> Result<Erased, RegistryError> {
+    pub fn import(&self, handoff: Handoff, ctx: &dyn Any) -> Result<AnyTensor, RegistryError> {
         let entry = self.import_entry(ctx)?;
         self.check(handoff.device(), handoff.dtype())?;
         (entry.import)(handoff, ctx).map_err(|source| RegistryError::Failed {

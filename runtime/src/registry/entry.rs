@@ -104,7 +104,7 @@ impl ImportEntry {
 ///
 /// # Errors
 /// [`Error::Adapter`] when `value` is not a `T`; any error of [`Export::export`].
-pub fn export_as<T: Export>(value: Erased, consumer: &Stream) -> Result<Handoff> {
+pub fn export_as<T: Export>(value: AnyTensor, consumer: &Stream) -> Result<Handoff> {
     match value.downcast::<T>() {
         Ok(v) => v.export(consumer),
         Err(_) => Err(Error::Adapter {
@@ -128,7 +128,7 @@ fn context<C: Any>(ctx: &dyn Any) -> Result<&C> {
 pub fn import_into_as<T: ImportInto<C> + Send + 'static, C: Any>(
     handoff: Handoff,
     ctx: &dyn Any,
-) -> Result<Erased> {
+) -> Result<AnyTensor> {
     Ok(Box::new(T::import_into(handoff, context::<C>(ctx)?)?))
 }
 

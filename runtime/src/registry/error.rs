@@ -134,12 +134,12 @@ pub struct ConvertError {
     /// The caller's value, when no export happened. In a `Mutex` only so that the
     /// error is `Sync`, as error types are expected to be (it is never locked: only
     /// `&mut self` and `self` reach it), and boxed to keep the error small.
-    value: Option<Box<Mutex<Erased>>>,
+    value: Option<Box<Mutex<AnyTensor>>>,
 }
 
 impl ConvertError {
     /// A refusal before any export: `value` goes back to the caller.
-    pub fn refused(error: RegistryError, value: Erased) -> ConvertError {
+    pub fn refused(error: RegistryError, value: AnyTensor) -> ConvertError {
         ConvertError { error, value: Some(Box::new(Mutex::new(value))) }
     }
 
@@ -155,17 +155,17 @@ impl ConvertError {
 
     /// Takes the caller's value back, when no export happened (see the type's docs);
     /// the error stays.
-    pub fn take_value(&mut self) -> Option<Erased> {
+    pub fn take_value(&mut self) -> Option<AnyTensor> {
         self.value.take().map(|v| v.into_inner().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The caller's value, when no export happened (see the type's docs).
-    pub fn into_value(self) -> Option<Erased> {
+    pub fn into_value(self) -> Option<AnyTensor> {
         self.into_parts().1
     }
 
     /// The error and the caller's value.
-    pub fn into_parts(mut self) -> (RegistryError, Option<Erased>) {
+    pub fn into_parts(mut self) -> (RegistryError, Option<AnyTensor>) {
         let value = self.take_value();
         (self.error, value)
     }

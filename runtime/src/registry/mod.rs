@@ -85,15 +85,15 @@ use std::sync::Mutex;
 pub use inventory::submit;
 
 /// A type-erased value in or out of an adapter: a `Box` of the adapter's tensor type.
-pub type Erased = Box<dyn Any + Send>;
+pub type AnyTensor = Box<dyn Any + Send>;
 
 /// The export entry point of an adapter: makes the value ready on the consumer
 /// stream and wraps it in a [`Handoff`].
-pub type ExportFn = fn(Erased, &Stream) -> Result<Handoff>;
+pub type ExportFn = fn(AnyTensor, &Stream) -> Result<Handoff>;
 
 /// The import entry point of an adapter: takes a [`Handoff`] in as the adapter's
 /// tensor type, boxed, into its context (a [`Stream`] for plain imports).
-pub type ImportFn = fn(Handoff, &dyn Any) -> Result<Erased>;
+pub type ImportFn = fn(Handoff, &dyn Any) -> Result<AnyTensor>;
 
 /// The stream an import context reads memory of a device on.
 pub type ReadyStreamFn = fn(&dyn Any, Device) -> Result<Stream>;
@@ -189,11 +189,11 @@ pub fn find(name: &str) -> Result<&'static Adapter, RegistryError> {
 /// device work); [`RegistryError::Failed`]. For all but `Failed` with step `export`
 /// or `import`, the error gives `value` back ([`ConvertError::into_value`]).
 pub fn convert(
-    value: Erased,
+    value: AnyTensor,
     from: &str,
     to: &str,
     consumer_stream: &Stream,
-) -> Result<Erased, ConvertError> {
+) -> Result<AnyTensor, ConvertError> {
     convert_into(value, from, to, consumer_stream)
 }
 
@@ -217,7 +217,12 @@ pub fn convert(
 /// # Errors
 /// As [`convert`]; [`RegistryError::WrongContext`] when `ctx` is not `to`'s context
 /// type (the value is given back).
-pub fn convert_into(value: Erased, from: &str, to: &str, ctx: &dyn Any) -> Result<Erased, ConvertError> {
+pub fn convert_into(
+    value: AnyTensor,
+    from: &str,
+    to: &str,
+    ctx: &dyn Any,
+) -> Result<AnyTensor, ConvertError> {
     let (from, export, to, stream) = match prepare(&*value, from, to, ctx) {
         Ok(prepared) => prepared,
         Err(error) => return Err(ConvertError::refused(error, value)),
