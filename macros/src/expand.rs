@@ -216,6 +216,11 @@ fn impls(input: &Input<'_>) -> TokenStream {
             fn stream(&self) -> ::core::option::Option<#krate::Stream> {
                 #stream
             }
+            // The storage is freed when the value drops (a Vec by the host), not in
+            // order on a stream: every consumer's release waits for its queued work.
+            fn release_stream(&self) -> ::core::option::Option<#krate::Stream> {
+                ::core::option::Option::None
+            }
         }
 
         #[automatically_derived]

@@ -134,6 +134,12 @@ impl<T: Element> Import for NdTensor<T> {
         }
         let shape: Vec<usize> = handoff.shape().iter().map(|&d| d as usize).collect();
         if shape.contains(&0) {
+            // ndarray refuses shapes whose non-zero dimensions multiply past isize::MAX,
+            // even with no elements: refuse them here, by name.
+            let nonzero = shape.iter().filter(|&&d| d != 0).try_fold(1usize, |a, &d| a.checked_mul(d));
+            if nonzero.is_none_or(|n| n > isize::MAX as usize) {
+                return refuse(format!("shape {shape:?} has more positions than ndarray can index"));
+            }
             // No elements: the strides do not matter, and zero ones never move the
             // dangling pointer the view of nothing uses.
             let strides = vec![0; shape.len()];
