@@ -31,41 +31,20 @@
 //! before the drop has completed. At the end every flush returned (within 10 s),
 //! `pending()` is 0 and every guard dropped exactly once.
 
-use crate::fake::{Fake, Spec};
+use crate::fake::{self, Fake, Slot, Spec, ledger};
 use crate::{byte_at, compact, extent};
 use arbitrary::Unstructured;
 use handoff::dtype::DataType;
 use handoff::ffi::DLManagedTensorVersioned;
 use handoff::storage::{Adopt, Elements, StorageError};
 use handoff::{
-    Device, Error, Export, Handoff, Ready, Release, Stream, StreamOrdered, TensorDesc, ValidationError, reaper,
+    Device, Error, Export, Handoff, Ready, Release, Stream, StreamOrdered, TensorDesc, ValidationError,
+    reaper,
 };
 use std::borrow::Cow;
 use std::sync::mpsc;
-use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
-
-#[derive(Default)]
-struct Slot {
-    /// Made and not yet dropped.
-    armed: bool,
-    dropped: bool,
-    /// The fake stream whose queued work the drop must wait for.
-    lane: Option<usize>,
-    /// Work items of that stream that must be complete when it drops.
-    need: u64,
-}
-
-struct Ledger {
-    fake: Option<Arc<Fake>>,
-    slots: Vec<Slot>,
-}
-
-static LEDGER: Mutex<Ledger> = Mutex::new(Ledger { fake: None, slots: Vec::new() });
-
-fn ledger() -> MutexGuard<'static, Ledger> {
-    LEDGER.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Lives in a keep-alive; its drop checks when the keep-alive goes.
 pub struct Guard(usize);
@@ -82,19 +61,7 @@ impl Drop for Guard {
     fn drop(&mut self) {
         let mut l = ledger();
         let fake = l.fake.clone();
-        let s = &mut l.slots[self.0];
-        assert!(s.armed && !s.dropped, "keep-alive {} dropped twice", self.0);
-        s.armed = false;
-        s.dropped = true;
-        if let (Some(lane), Some(fake)) = (s.lane, fake) {
-            assert!(
-                fake.done(lane, s.need),
-                "keep-alive {} dropped before the {} work items the consumer enqueued on fake stream {lane} \
-                 before dropping the hand-off completed",
-                self.0,
-                s.need
-            );
-        }
+        l.slots[self.0].drop_checked(self.0, fake.as_deref());
     }
 }
 
@@ -162,7 +129,11 @@ struct Layout {
 impl Layout {
     fn arbitrary(u: &mut Unstructured<'_>) -> arbitrary::Result<Layout> {
         let dtype = if u.ratio(1, 16)? {
-            handoff::ffi::DLDataType::new(handoff::ffi::DLDataTypeCode(u.int_in_range(0..=20)?), u.arbitrary()?, 1)
+            handoff::ffi::DLDataType::new(
+                handoff::ffi::DLDataTypeCode(u.int_in_range(0..=20)?),
+                u.arbitrary()?,
+                1,
+            )
         } else {
             *u.choose(DTYPES)?
         };
@@ -321,7 +292,10 @@ fn one(u: &mut Unstructured<'_>, streams: &[Stream]) -> arbitrary::Result<Option
                 Err(Error::Adapter { adapter: "fuzz", .. }) => assert!(describe_fails),
                 Err(e) => {
                     assert!(!describe_fails && !valid, "with_keep_alive refused a valid description: {e}");
-                    assert!(matches!(e, Error::Validation(_) | Error::Adapter { adapter: "export", .. }), "{e}");
+                    assert!(
+                        matches!(e, Error::Validation(_) | Error::Adapter { adapter: "export", .. }),
+                        "{e}"
+                    );
                 }
                 Ok(h) => {
                     assert!(!describe_fails);
@@ -333,7 +307,8 @@ fn one(u: &mut Unstructured<'_>, streams: &[Stream]) -> arbitrary::Result<Option
             (r, storage, release == Release::Immediately)
         }
         1 => {
-            let device = if u.ratio(1, 8)? { *u.choose(&[Device::Cuda(0), Device::Mock(90)])? } else { Device::Host };
+            let device =
+                if u.ratio(1, 8)? { *u.choose(&[Device::Cuda(0), Device::Mock(90)])? } else { Device::Host };
             let producer = u.int_in_range(0..=streams.len())?.checked_sub(1);
             let data: Vec<u8> = (0..layout.len).map(byte_at).collect();
             let storage = (data.as_ptr() as usize, data.len());
@@ -353,8 +328,8 @@ fn one(u: &mut Unstructured<'_>, streams: &[Stream]) -> arbitrary::Result<Option
             // KNOWN (reported, not fixed here): the derive's `release_stream` is the
             // stream field even over `Vec` storage, which the host frees at once, so
             // the memory goes before the consumer's queued work is done. Not checked,
-            // unless HANDOFF_FUZZ_STRICT_DERIVED is set (fuzz/regressions/export/).
-            let immediate = v.release_stream().as_ref() == Some(&consumer) && !strict_derived();
+            // unless HANDOFF_FUZZ_STRICT is set (fuzz/regressions/export/).
+            let immediate = v.release_stream().as_ref() == Some(&consumer) && !crate::strict();
             let r = v.export(&consumer);
             check_export(&r, fits, &layout, storage.0);
             (r, storage, immediate)
@@ -398,13 +373,6 @@ fn one(u: &mut Unstructured<'_>, streams: &[Stream]) -> arbitrary::Result<Option
     Ok(Some(Out { what, slot, lane, kernel }))
 }
 
-/// Whether to check the release of derived types whose stream is the consumer's too
-/// (the known finding above).
-fn strict_derived() -> bool {
-    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *STRICT.get_or_init(|| std::env::var_os("HANDOFF_FUZZ_STRICT_DERIVED").is_some())
-}
-
 /// A hand-off equals the description it was made from.
 fn check_same(h: &Handoff, l: &Layout, data: usize) {
     assert_eq!(h.data() as usize, data);
@@ -433,7 +401,9 @@ fn check_describe(r: handoff::Result<TensorDesc<'_>>, fits: bool, l: &Layout, da
                 matches!(
                     e,
                     Error::Storage(_)
-                        | Error::Validation(ValidationError::UnsupportedDtype { .. } | ValidationError::ShapeOverflow { .. })
+                        | Error::Validation(
+                            ValidationError::UnsupportedDtype { .. } | ValidationError::ShapeOverflow { .. }
+                        )
                 ),
                 "{e}"
             );
@@ -493,7 +463,8 @@ enum Act {
 pub fn fuzz_export(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok(n) = u.int_in_range(1..=3usize) else { return };
-    let Ok(mut specs) = (0..n).map(|_| Spec::arbitrary(&mut u, false, false)).collect::<arbitrary::Result<Vec<_>>>()
+    let Ok(mut specs) =
+        (0..n).map(|_| Spec::arbitrary(&mut u, false, false)).collect::<arbitrary::Result<Vec<_>>>()
     else {
         return;
     };
@@ -507,11 +478,7 @@ pub fn fuzz_export(data: &[u8]) {
     assert_eq!(reaper::pending(), 0, "an earlier input left releases queued");
     let fake = Fake::new(&specs);
     let streams: Vec<Stream> = (0..n).map(|i| fake.stream(i)).collect();
-    {
-        let mut l = ledger();
-        l.fake = Some(fake.clone());
-        l.slots.clear();
-    }
+    fake::start(&fake);
     let mut outs = Vec::new();
     let count = u.int_in_range(1..=8).unwrap_or(1);
     for _ in 0..count {

@@ -57,6 +57,69 @@ fn bit(mask: u8, n: u64) -> bool {
     mask >> (n % 8) & 1 == 1
 }
 
+/// What a target records of one keep-alive, for the checks its drop makes on
+/// whatever thread drops it.
+#[derive(Default)]
+pub struct Slot {
+    /// Made (or released) and not yet dropped.
+    pub armed: bool,
+    pub dropped: bool,
+    /// The fake stream whose queued work the drop must wait for (`None`: no order).
+    pub lane: Option<usize>,
+    /// Work items of that stream that must be complete when it drops.
+    pub need: u64,
+    /// The record number of its release event, and whether that record fails.
+    pub record: u64,
+    pub record_fails: bool,
+    /// A `drain` gave up while it was queued: it may be leaked.
+    pub drained: bool,
+}
+
+impl Slot {
+    /// Keep-alive `id` is being dropped: at most once, never after its release event
+    /// failed to record or to answer a query, and only once the work enqueued on its
+    /// stream before its release has completed.
+    pub fn drop_checked(&mut self, id: usize, fake: Option<&Fake>) {
+        assert!(self.armed && !self.dropped, "keep-alive {id} dropped twice (or before it was released)");
+        self.armed = false;
+        self.dropped = true;
+        let Some(lane) = self.lane else { return };
+        let fake = fake.expect("the input's fake device");
+        assert!(!self.record_fails, "keep-alive {id} dropped although recording its release event failed");
+        assert!(
+            fake.done(lane, self.need),
+            "keep-alive {id} dropped before the {} work items enqueued on fake stream {lane} before its release \
+             completed",
+            self.need
+        );
+        assert!(
+            !fake.query_failed(lane, self.record),
+            "keep-alive {id} dropped although querying its release event failed (it must be leaked)"
+        );
+    }
+}
+
+/// The keep-alives of the current input and its fake device.
+pub struct Ledger {
+    pub fake: Option<Arc<Fake>>,
+    pub slots: Vec<Slot>,
+}
+
+static LEDGER: Mutex<Ledger> = Mutex::new(Ledger { fake: None, slots: Vec::new() });
+
+/// Locks the ledger (a failed check panics and the fuzzer stops: poisoning is moot).
+/// Never held while calling into handoff, which may drop a keep-alive on this thread.
+pub fn ledger() -> MutexGuard<'static, Ledger> {
+    LEDGER.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts an input: its fake device, no keep-alives.
+pub fn start(fake: &Arc<Fake>) {
+    let mut l = ledger();
+    l.fake = Some(fake.clone());
+    l.slots.clear();
+}
+
 /// One stream of the fake device.
 #[derive(Debug, Clone, Copy)]
 pub struct Spec {
@@ -155,7 +218,15 @@ impl Fake {
     pub fn new(specs: &[Spec]) -> Arc<Fake> {
         let lanes = specs
             .iter()
-            .map(|&spec| Lane { spec, opened: false, work: 0, done: 0, due: Vec::new(), records: 0, waits: 0 })
+            .map(|&spec| Lane {
+                spec,
+                opened: false,
+                work: 0,
+                done: 0,
+                due: Vec::new(),
+                records: 0,
+                waits: 0,
+            })
             .collect();
         Arc::new(Fake { pool: EventPool::new(), state: Mutex::new(State { lanes, ..State::default() }) })
     }

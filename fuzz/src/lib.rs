@@ -37,7 +37,8 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use handoff::ffi::{
-    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion,
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
+    DLPackVersion,
 };
 use handoff::{Access, Device, Error, Handoff, MAX_NDIM, Stream, ValidationError};
 pub use handoff_tests::DeleterCount as Count;
@@ -207,7 +208,11 @@ impl Built {
         match self.own_free.take() {
             None => assert_eq!(self.count.get(), 1, "{what}: the deleter must have run exactly once"),
             Some(free) => {
-                assert_eq!(self.count.get(), 0, "{what}: a NULL deleter, yet the producer's memory was freed");
+                assert_eq!(
+                    self.count.get(),
+                    0,
+                    "{what}: a NULL deleter, yet the producer's memory was freed"
+                );
                 // SAFETY: the pointer and the function were made together by
                 // `Foreign`; the consumer is done with it and has no deleter to call.
                 unsafe {
@@ -294,6 +299,13 @@ impl Desc {
     fn flags(&self) -> u64 {
         if self.legacy { 0 } else { self.flags }
     }
+}
+
+/// Whether the oracles also check what known, reported findings break (set
+/// HANDOFF_FUZZ_STRICT to reproduce them from `fuzz/regressions/`).
+pub fn strict() -> bool {
+    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STRICT.get_or_init(|| std::env::var_os("HANDOFF_FUZZ_STRICT").is_some())
 }
 
 /// Compact row-major strides of `shape`, `None` when they overflow `i64`.

@@ -22,42 +22,14 @@
 //! `pending()` is back to 0 right after `flush()`, and `stats().releases_leaked` went
 //! up by exactly the keep-alives that were never dropped.
 
-use crate::fake::{Fake, Mode, Spec};
+use crate::fake::{self, Fake, Mode, Slot, Spec, ledger};
 use arbitrary::{Arbitrary, Unstructured};
 use handoff::{Stream, reaper, stats};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Keep-alive slots per input.
 const SLOTS: usize = 32;
-
-#[derive(Default)]
-struct Slot {
-    /// Released and not yet dropped.
-    armed: bool,
-    dropped: bool,
-    /// The fake lane it was released behind (`None`: host or no stream).
-    lane: Option<usize>,
-    /// Work items of the lane that must be complete before it may drop.
-    need: u64,
-    /// The record number of its release event, and whether that record fails.
-    record: u64,
-    record_fails: bool,
-    /// A `drain` gave up while it was queued: it may be leaked.
-    drained: bool,
-}
-
-struct Ledger {
-    fake: Option<Arc<Fake>>,
-    slots: Vec<Slot>,
-}
-
-static LEDGER: Mutex<Ledger> = Mutex::new(Ledger { fake: None, slots: Vec::new() });
-
-fn ledger() -> MutexGuard<'static, Ledger> {
-    LEDGER.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A keep-alive of slot `I`: zero-sized, so that leaking it allocates nothing.
 struct Ka<const I: usize>;
@@ -66,22 +38,7 @@ impl<const I: usize> Drop for Ka<I> {
     fn drop(&mut self) {
         let mut l = ledger();
         let fake = l.fake.clone();
-        let s = &mut l.slots[I];
-        assert!(s.armed, "keep-alive {I} dropped twice (or before it was released)");
-        s.armed = false;
-        s.dropped = true;
-        let Some(lane) = s.lane else { return };
-        let fake = fake.expect("a fake device while lanes are in use");
-        assert!(!s.record_fails, "keep-alive {I} dropped although recording its release event failed");
-        assert!(
-            fake.done(lane, s.need),
-            "keep-alive {I} dropped before the {} work items enqueued on fake stream {lane} before its release completed",
-            s.need
-        );
-        assert!(
-            !fake.query_failed(lane, s.record),
-            "keep-alive {I} dropped although querying its release event failed (must be leaked)"
-        );
+        l.slots[I].drop_checked(I, fake.as_deref());
     }
 }
 
@@ -101,19 +58,34 @@ fn release(slot: usize, after: Option<&Stream>) {
 enum Op {
     /// Release the next keep-alive behind a fake stream (`to < lanes`), the host
     /// stream, or no stream; `kernel` enqueues work there first.
-    Release { to: u8, kernel: bool },
-    Kernel { lane: u8 },
-    Complete { lane: u8 },
+    Release {
+        to: u8,
+        kernel: bool,
+    },
+    Kernel {
+        lane: u8,
+    },
+    Complete {
+        lane: u8,
+    },
     /// Let the reaper thread run a little.
-    Sleep { us: u8 },
-    FlushStream { lane: u8 },
+    Sleep {
+        us: u8,
+    },
+    FlushStream {
+        lane: u8,
+    },
     /// `flush()`, only while no stream that never completes has releases queued.
     Flush,
     /// `flush_stream` on another thread, joined at the end (or by `Join`).
-    SpawnFlush { lane: u8 },
+    SpawnFlush {
+        lane: u8,
+    },
     Join,
     /// `drain(0 or 1 ms)`.
-    Drain { ms: bool },
+    Drain {
+        ms: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -156,11 +128,7 @@ fn join(flushers: &mut Vec<Flusher>) {
 /// gave a reason, or a drain gave up on it.
 fn may_leak(fake: &Fake, s: &Slot) -> bool {
     let Some(lane) = s.lane else { return false };
-    s.record_fails
-        || s.drained
-        || fake.spec(lane).mode == Mode::Never
-        || fake.query_failed(lane, s.record)
-        || fake.sync_failed_since(lane, s.record)
+    s.record_fails || s.drained || fake.query_failed(lane, s.record) || fake.sync_failed_since(lane, s.record)
 }
 
 /// After a flush of `lanes`: every release queued behind them is done or leaked for a reason.
@@ -184,11 +152,8 @@ pub fn fuzz_reaper(data: &[u8]) {
     assert_eq!(reaper::pending(), 0, "an earlier input left releases queued");
     let fake = Fake::new(&case.specs);
     let streams: Vec<Stream> = (0..fake.lanes()).map(|i| fake.stream(i)).collect();
-    {
-        let mut l = ledger();
-        l.fake = Some(fake.clone());
-        l.slots = (0..SLOTS).map(|_| Slot::default()).collect();
-    }
+    fake::start(&fake);
+    ledger().slots = (0..SLOTS).map(|_| Slot::default()).collect();
     let (leaked0, released0) = (stats().releases_leaked, reaper::released());
     let n = streams.len();
     let mut next = 0;
