@@ -20,7 +20,8 @@
 //! flag and the byte extent, and `as_slice` is `None` exactly off the host or when
 //! misaligned, and otherwise has the extent's elements, equal to the producer's
 //! bytes. `NdTensor<f32>` imports exactly host f32 tensors whose strides are not
-//! negative (or that are empty), and its view has the hand-off's shape and strides
+//! negative (or that are empty) and whose non-zero dimensions multiply to at most
+//! `isize::MAX` (what ndarray can index), and its view has the hand-off's shape and strides
 //! and the producer's values at every index. Afterwards the foreign deleter ran
 //! exactly once — not before the consumer stream's queued work completed — or, for a
 //! NULL deleter, never (the harness then frees as the producer).
@@ -189,27 +190,24 @@ fn elements<T: Element + Send>(h: Handoff, at: Option<(usize, i128, i128)>) -> O
 
 fn ndarray_view(h: Handoff, at: Option<(usize, i128, i128)>) -> Option<Box<dyn Send>> {
     let (shape, strides) = (h.shape().to_vec(), h.strides().to_vec());
+    // ndarray indexes at most isize::MAX positions, counting the non-zero dimensions
+    // even of an empty array (`ArrayView::from_shape_ptr`'s contract).
+    let nonzero = shape.iter().filter(|&&d| d != 0).try_fold(1usize, |a, &d| a.checked_mul(d as usize));
+    let indexable = nonzero.is_some_and(|n| n <= isize::MAX as usize);
     let ok = h.device() == Device::Host
         && h.dtype() == DataType::F32
+        && indexable
         && (shape.contains(&0) || strides.iter().all(|&s| s >= 0));
     let r: handoff::Result<NdTensor<f32>> = h.import();
     let nd = match r {
         Err(e) => {
-            assert!(!ok, "NdTensor refused a host f32 tensor with non-negative strides: {e}");
+            assert!(!ok, "NdTensor refused a host f32 tensor it can view: {e}");
             return None;
         }
         Ok(nd) => nd,
     };
     assert!(ok, "NdTensor took a tensor it cannot view");
     assert!(nd.is_view());
-    // KNOWN (reported, not fixed here): an empty tensor whose other dimensions
-    // multiply past isize::MAX (shape [0, 2^31, 2^63 - 1]) is taken, and `view()` then
-    // breaks `ArrayView::from_shape_ptr`'s contract (ndarray panics in debug builds).
-    // Not viewed, unless HANDOFF_FUZZ_STRICT is set (fuzz/regressions/consume/).
-    let nonzero = shape.iter().filter(|&&d| d != 0).try_fold(1usize, |a, &d| a.checked_mul(d as usize));
-    if nonzero.is_none_or(|n| n > isize::MAX as usize) && !crate::strict() {
-        return Some(Box::new(nd));
-    }
     // Reads every element: only where the extent is in the allocation, and not for a
     // huge count over zero strides.
     if (at.is_some() || shape.contains(&0)) && nd.view().len() <= 4096 {

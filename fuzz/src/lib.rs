@@ -301,13 +301,6 @@ impl Desc {
     }
 }
 
-/// Whether the oracles also check what known, reported findings break (set
-/// HANDOFF_FUZZ_STRICT to reproduce them from `fuzz/regressions/`).
-pub fn strict() -> bool {
-    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *STRICT.get_or_init(|| std::env::var_os("HANDOFF_FUZZ_STRICT").is_some())
-}
-
 /// Compact row-major strides of `shape`, `None` when they overflow `i64`.
 pub fn compact(shape: &[i64]) -> Option<Vec<i64>> {
     let mut s = vec![1i64; shape.len()];

@@ -34,6 +34,7 @@ pub trait Backend: std::any::Any + Send + Sync {
     /// Destroys an event the pool no longer needs.
     fn destroy_event(&self, event: RawEvent);
     /// Records `event` on `stream`: it completes once all work enqueued there so far has.
+    /// Never blocks (the reaper records under its queue lock).
     fn record(&self, event: RawEvent, stream: RawStream) -> Result<()>;
     /// Makes work enqueued on `stream` from now on wait for `event`'s latest record.
     fn wait(&self, stream: RawStream, event: RawEvent) -> Result<()>;

@@ -18,8 +18,9 @@
 //! reported on stderr the first time (later ones are only counted).
 //!
 //! No lock is held while waiting on the device: a flush takes the releases it waits
-//! for out of the queue first and waits without any lock; the background thread only
-//! queries, which never blocks ([`crate::Backend::query`]). So a stream whose work
+//! for out of the queue first and waits without any lock; under it, the background
+//! thread only queries and a release only records its event, neither of which blocks
+//! ([`crate::Backend::query`], [`crate::Backend::record`]). So a stream whose work
 //! never completes holds up only the flushes that ask for that stream
 //! ([`flush_stream`] of it, or [`flush`]); the background thread and flushes of other
 //! streams go on.
@@ -205,31 +206,36 @@ pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
         });
         return;
     }
-    match stream.record() {
-        Ok(event) => {
-            stats::count(Counter::ReleasesDeferred, 1);
-            defer(stream, event, Box::new(keep_alive));
-        }
-        Err(e) => {
-            leak(keep_alive);
-            report_leak(|| format!("recording a release event on {stream:?} failed ({e})"));
-        }
+    if let Err((e, keep_alive)) = defer(stream, keep_alive) {
+        leak(keep_alive);
+        report_leak(|| format!("recording a release event on {stream:?} failed ({e})"));
     }
 }
 
-fn defer(stream: &Stream, event: Event, keep_alive: KeepAlive) {
+/// Records the release event on `stream` and queues `keep_alive` behind it, both under
+/// the queue's lock: a lane's events are then queued in the order they were recorded,
+/// which [`settle`] relies on when it waits for the last one only (two threads that
+/// recorded, then locked, could queue theirs out of order, and a flush would drop the
+/// newer keep-alive once the older event completed). Recording never blocks.
+fn defer<K: Send + 'static>(stream: &Stream, keep_alive: K) -> Result<(), (crate::Error, K)> {
     let r = reaper();
     {
         let mut q = lock(r);
+        let event = match stream.record() {
+            Ok(event) => event,
+            Err(e) => return Err((e, keep_alive)),
+        };
+        stats::count(Counter::ReleasesDeferred, 1);
         let lane = q.lanes.entry(stream_key(stream)).or_insert_with(|| Lane {
             stream: stream.clone(),
             queued: VecDeque::new(),
             taken: Vec::new(),
         });
-        lane.queued.push_back(Pending { event, keep_alive });
+        lane.queued.push_back(Pending { event, keep_alive: Box::new(keep_alive) });
         r.pending.fetch_add(1, Ordering::Relaxed);
     }
     r.wake.notify_one();
+    Ok(())
 }
 
 /// Leaks a keep-alive on purpose: its memory may be in use, so it is never dropped.

@@ -344,3 +344,139 @@ fn a_forked_child_releases_nothing() {
     flush_stream(&ok);
     assert!(dropped.load(Ordering::SeqCst));
 }
+
+/// A device whose one stream completes its events in record order, and only as far as
+/// someone waited: `synchronize(e)` completes `e` and what was recorded before it. Its
+/// first record can be held inside `record`, after it has taken its place in the order.
+struct InOrder {
+    pool: EventPool,
+    state: Mutex<InOrderState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct InOrderState {
+    next_event: RawEvent,
+    /// Each event's place in record order (from 1).
+    place: HashMap<RawEvent, u64>,
+    recorded: u64,
+    /// Every event up to this place has completed.
+    done: u64,
+    hold_first: bool,
+    holding: bool,
+}
+
+impl InOrder {
+    fn lock(&self) -> MutexGuard<'_, InOrderState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn wait_holding(&self) {
+        let s = self.lock();
+        let (_s, t) = self.cv.wait_timeout_while(s, Duration::from_secs(5), |s| !s.holding).unwrap();
+        assert!(!t.timed_out(), "the first record was not held");
+    }
+    fn let_go(&self) {
+        self.lock().hold_first = false;
+        self.cv.notify_all();
+    }
+}
+
+impl Backend for InOrder {
+    fn name(&self) -> &'static str {
+        "in-order"
+    }
+    fn device(&self) -> Device {
+        Device::Mock(78)
+    }
+    fn event_pool(&self) -> &EventPool {
+        &self.pool
+    }
+    fn create_event(&self) -> Result<RawEvent> {
+        let mut s = self.lock();
+        s.next_event += 1;
+        Ok(s.next_event)
+    }
+    fn destroy_event(&self, _: RawEvent) {}
+    fn record(&self, event: RawEvent, _: RawStream) -> Result<()> {
+        let mut s = self.lock();
+        s.recorded += 1;
+        let place = s.recorded;
+        s.place.insert(event, place);
+        if place == 1 && s.hold_first {
+            s.holding = true;
+            self.cv.notify_all();
+            let mut s = self.cv.wait_while(s, |s| s.hold_first).unwrap_or_else(|p| p.into_inner());
+            s.holding = false;
+        }
+        Ok(())
+    }
+    fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, event: RawEvent) -> Result<bool> {
+        let s = self.lock();
+        Ok(s.place[&event] <= s.done)
+    }
+    fn synchronize(&self, event: RawEvent) -> Result<()> {
+        let mut s = self.lock();
+        s.done = s.done.max(s.place[&event]);
+        Ok(())
+    }
+}
+
+/// A keep-alive released behind the `place`-th record: its drop notes whether that
+/// event had completed.
+struct Behind {
+    device: Arc<InOrder>,
+    place: u64,
+    early: Arc<AtomicBool>,
+    dropped: Arc<AtomicU64>,
+}
+impl Drop for Behind {
+    fn drop(&mut self) {
+        if self.device.lock().done < self.place {
+            self.early.store(true, Ordering::SeqCst);
+        }
+        self.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Two threads releasing behind one stream at once: the one that recorded first is
+/// held inside `record` while the other releases. Their releases must still be queued
+/// in record order, as a flush waits for the last queued event only (found by the
+/// `export` fuzz target: fuzz/regressions/export/concurrent-releases-out-of-order).
+#[test]
+fn releases_behind_one_stream_are_queued_in_record_order() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let device = Arc::new(InOrder {
+        pool: EventPool::new(),
+        state: Mutex::new(InOrderState { hold_first: true, ..Default::default() }),
+        cv: Condvar::new(),
+    });
+    let stream = Stream::new(device.clone(), 9);
+    let (early, dropped) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let behind =
+        |place| Behind { device: device.clone(), place, early: early.clone(), dropped: dropped.clone() };
+
+    let first = {
+        let (s, k) = (stream.clone(), behind(1));
+        std::thread::spawn(move || release_after(Some(&s), k))
+    };
+    device.wait_holding();
+    let second = {
+        let (s, k) = (stream.clone(), behind(2));
+        std::thread::spawn(move || release_after(Some(&s), k))
+    };
+    // The second thread records and queues now, unless it waits for the first.
+    std::thread::sleep(Duration::from_millis(50));
+    device.let_go();
+    first.join().unwrap();
+    second.join().unwrap();
+
+    flush_stream(&stream);
+    assert_eq!(dropped.load(Ordering::SeqCst), 2, "the flush left a release queued");
+    assert!(
+        !early.load(Ordering::SeqCst),
+        "a keep-alive was dropped before the event recorded for it completed"
+    );
+}
