@@ -25,7 +25,9 @@ export CARGO_TARGET_DIR="${HANDOFF_FUZZ_TARGET_DIR:-$here/target}"
 features=()
 if [ -n "${HANDOFF_FUZZ_FEATURES:-}" ]; then features=(--features "$HANDOFF_FUZZ_FEATURES"); fi
 # Inputs that once found a bug run too (read-only), see regressions/README.md.
-seeds=("$here/corpus/$target")
-if [ -d "$here/regressions/$target" ]; then seeds+=("$here/regressions/$target"); fi
-exec cargo +nightly fuzz run --debug-assertions ${features[@]+"${features[@]}"} "$target" "$work" "${seeds[@]}" -- \
+seeds=()
+for d in "$here/corpus/$target" "$here/regressions/$target"; do
+  if [ -d "$d" ]; then seeds+=("$d"); fi
+done
+exec cargo +nightly fuzz run --debug-assertions ${features[@]+"${features[@]}"} "$target" "$work" ${seeds[@]+"${seeds[@]}"} -- \
   -max_total_time="$secs" -print_final_stats=1 -max_len=4096 -timeout=10 -rss_limit_mb=4096 "$@"

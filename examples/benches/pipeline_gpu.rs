@@ -24,6 +24,9 @@
 //! pipeline_gpu [--sizes 4096,256] [--iters 50] [--reps 7] [--samples 10000] [--trials 10]
 //! ```
 
+#[path = "pipeline_gpu/floor.rs"]
+mod floor;
+
 use handoff::{Device, Export, Handoff, Stream, stats};
 use handoff_examples::model::{self, Backend, Dtype, Phases, Pipeline, PipelineError};
 use handoff_xla::Buffer;
@@ -369,6 +372,43 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
     );
     let (us_to_xla, us_to_torch, us_release) =
         (model::median_us(&mut to_xla), model::median_us(&mut to_torch), model::median_us(&mut release));
+
+    // Each path against its floor: the bare framework calls it cannot avoid.
+    let h = p.matmul(&x0)?;
+    let before = stats::stats();
+    let rows = floor::measure(&p, &h, args.samples)?;
+    let s_floor = stats::stats().since(&before);
+    drop(h);
+    println!("host cost against the floor, medians of {} (us):", args.samples);
+    println!("  {:<36} {:>9} {:>9} {:>9}", "path", "handoff", "floor", "share");
+    let mut floor_json = base("floor", &p);
+    floor_json.n("samples", args.samples).n("host_syncs", s_floor.host_syncs);
+    for r in &rows {
+        println!("  {:<36} {:>9.2} {:>9.2} {:>9.2}", r.name, r.handoff, r.floor, r.handoff - r.floor);
+        floor_json
+            .f(&format!("{}_handoff_us", r.key), r.handoff, 2)
+            .f(&format!("{}_floor_us", r.key), r.floor, 2)
+            .f(&format!("{}_share_us", r.key), r.handoff - r.floor, 2);
+    }
+    // A step's host time can go no lower than its PyTorch dispatches plus the kernel
+    // call's floor: the bound on the step at sizes where the host is the limit.
+    let call_floor = rows.iter().find(|r| r.key == "kernel_call").map_or(f64::NAN, |r| r.floor);
+    let step_floor = per_step(phases.matmul) + per_step(phases.add) + call_floor;
+    println!(
+        "host time per step {:.2} us; its floor (torch matmul + torch add + the kernel call's floor) {step_floor:.2} us; \
+         tch step {:.2} us",
+        per_step(phases.total()),
+        ms_torch * 1e3
+    );
+    floor_json.f("host_us_step", per_step(phases.total()), 2).f("host_us_step_floor", step_floor, 2);
+    floor_json.print();
+    if s_floor.host_syncs != 0 {
+        println!(
+            "FAILED: the floor comparison made {} host syncs through handoff (0 expected)",
+            s_floor.host_syncs
+        );
+        ok = false;
+    }
 
     // The no-host-sync proof.
     let cycles = cycles_for(&p, QUEUED_MS)?;

@@ -63,14 +63,21 @@ char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* st
     }
     out->defined = 1;
     out->layout = static_cast<int32_t>(t.layout());
-    std::ostringstream layout;
-    layout << t.layout();
-    copy_name(out->layout_name, layout.str());
+    // Names are for refusals only: formatted only where the caller refuses (a layout
+    // other than strided, a device other than CPU or CUDA), as formatting costs more
+    // than the rest of the description.
+    if (t.layout() != at::kStrided) {
+      std::ostringstream layout;
+      layout << t.layout();
+      copy_name(out->layout_name, layout.str());
+    }
     out->scalar_type = static_cast<int32_t>(t.scalar_type());
     copy_name(out->dtype_name, c10::toString(t.scalar_type()));
     out->device_type = static_cast<int32_t>(t.device().type());
     out->device_index = t.device().has_index() ? t.device().index() : -1;
-    copy_name(out->device_name, t.device().str());
+    if (!t.device().is_cpu() && !t.device().is_cuda()) {
+      copy_name(out->device_name, t.device().str());
+    }
     out->is_conj = t.is_conj() ? 1 : 0;
     out->is_neg = t.is_neg() ? 1 : 0;
     out->requires_grad = t.requires_grad() ? 1 : 0;

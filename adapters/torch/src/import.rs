@@ -113,20 +113,23 @@ pub(crate) fn view(handoff: Handoff, options: &ImportOptions) -> Result<(tch::Te
         let _: Ready = order(Some(handoff.consumer_stream()), s)?;
     }
     let data = handoff.data_ptr() as *mut c_void;
-    let shape = handoff.shape().to_vec();
-    let strides = handoff.strides().to_vec();
-    let ndim = shape.len() as i32;
+    // The shape and strides live in the hand-off's DLPack tensor, on the heap: moving
+    // the hand-off into `owner` does not move them, and the shim copies them before it
+    // could release the owner.
+    let (shape, strides) = (handoff.shape().as_ptr(), handoff.strides().as_ptr());
+    let ndim = handoff.shape().len() as i32;
     let owner = Box::into_raw(Box::new(ImportOwner { handoff, release: stream.clone() }));
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: `data` is the validated first-element address of memory the hand-off
-    // (moved into `owner`) keeps alive; shape and strides hold `ndim` values; `owner`
+    // (moved into `owner`) keeps alive; shape and strides point to `ndim` values each,
+    // alive while `owner` is (the shim reads them before it could release it); `owner`
     // is consumed by the shim on every path (owned by the storage, or released).
     let r = unsafe {
         ffi::hf_from_blob(
             data,
             ndim,
-            shape.as_ptr(),
-            strides.as_ptr(),
+            shape,
+            strides,
             scalar_type,
             device_type,
             device_index,

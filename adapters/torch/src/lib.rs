@@ -41,6 +41,8 @@ pub mod cuda;
 mod dtype;
 mod error;
 mod ffi;
+#[doc(hidden)]
+pub mod floor;
 
 pub use error::TorchError;
 

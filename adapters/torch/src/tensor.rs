@@ -5,12 +5,11 @@
 use crate::describe::describe_tensor;
 use crate::error::TorchError;
 use crate::import::{ImportOptions, import, view};
-use crate::{current_stream, ffi, init};
+use crate::{current_stream, init};
 use handoff_runtime::{
     Device, Export, Exportable, Handoff, Import, ImportInto, Importable, Release, Result, Stream,
     StreamOrdered, TensorDesc,
 };
-use std::ffi::c_void;
 
 /// A `tch::Tensor` with the stream its pending work is on: what handoff exports and
 /// imports for PyTorch.
@@ -166,9 +165,9 @@ fn release_for(tensor: &TorchTensor, consumer: &Stream) -> Result<Release> {
         let mut recorded = 0i32;
         // SAFETY: a live `at::Tensor*` and a live stream of its device; the shim
         // catches every exception.
-        ffi::check("recordStream", unsafe {
-            ffi::hf_cuda_record_stream(
-                tensor.tensor.as_ptr() as *const c_void,
+        crate::ffi::check("recordStream", unsafe {
+            crate::ffi::hf_cuda_record_stream(
+                tensor.tensor.as_ptr() as *const std::ffi::c_void,
                 ordinal as i32,
                 raw,
                 &mut recorded,

@@ -157,23 +157,45 @@ impl Buffer {
             Ok((dtype, shape, index))
         };
         match info() {
-            Ok((dtype, shape, device)) => Ok(Buffer {
-                inner: Arc::new(BufferInner {
-                    client: client.clone(),
-                    raw,
-                    device,
-                    dtype,
-                    shape,
-                    copied,
-                    view,
-                    external_refs: std::sync::Mutex::new(()),
-                }),
-            }),
+            Ok((dtype, shape, device)) => {
+                // SAFETY: forwarded from the caller; the parts were just asked of PJRT.
+                Ok(unsafe { Buffer::from_parts(client, raw, dtype, shape, device, copied, view) })
+            }
             Err(e) => {
                 // SAFETY: owned, destroyed once on this error path.
                 let _ = unsafe { result::buffer::destroy(api, raw) };
                 Err(e)
             }
+        }
+    }
+
+    /// Takes ownership of a raw buffer of `client` whose element type, dimensions and
+    /// device the caller knows (it made the buffer, or they are the program's output
+    /// signature): no PJRT query.
+    ///
+    /// # Safety
+    /// `raw` must be an owned, live buffer of `client` of that dtype and shape on the
+    /// client's device at `device`.
+    pub(crate) unsafe fn from_parts(
+        client: &Arc<ClientInner>,
+        raw: *mut sys::PJRT_Buffer,
+        dtype: DataType,
+        shape: Vec<i64>,
+        device: usize,
+        copied: bool,
+        view: Option<ViewWatch>,
+    ) -> Buffer {
+        Buffer {
+            inner: Arc::new(BufferInner {
+                client: client.clone(),
+                raw,
+                device,
+                dtype,
+                shape,
+                copied,
+                view,
+                external_refs: std::sync::Mutex::new(()),
+            }),
         }
     }
 

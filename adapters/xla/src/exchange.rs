@@ -18,6 +18,7 @@ use crate::client::{Client, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::result;
+use handoff_runtime::dtype::DataType;
 use handoff_runtime::{
     Export, Exportable, Handoff, ImportInto, Ready, Release, Stream, StreamOrdered, TensorDesc,
 };
@@ -91,23 +92,26 @@ impl Drop for Aligned {
     }
 }
 
-struct OnDelete {
-    keep_alive: Option<Box<dyn Send>>,
+/// What a view's `on_delete_callback` releases: the owner of the viewed memory, held
+/// inline (one allocation per view).
+struct OnDelete<K> {
+    keep_alive: K,
     watch: ViewWatch,
 }
 
-/// PJRT's `on_delete_callback`: releases the owner of the viewed memory. Runs on
+/// PJRT's `on_delete_callback` of a view whose owner is a `K`: releases it. Runs on
 /// whatever thread PJRT deletes the buffer on; never unwinds.
-unsafe extern "C" fn on_delete(_data: *mut c_void, user_arg: *mut c_void) {
+unsafe extern "C" fn on_delete<K>(_data: *mut c_void, user_arg: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if user_arg.is_null() {
             return;
         }
-        // SAFETY: `user_arg` is the `Box<OnDelete>` leaked by `view`, and PJRT
+        // SAFETY: `user_arg` is the `Box<OnDelete<K>>` leaked by `view`, and PJRT
         // calls this exactly once.
-        let mut ctx = unsafe { Box::from_raw(user_arg as *mut OnDelete) };
-        drop(ctx.keep_alive.take());
-        ctx.watch.0.store(true, Ordering::SeqCst);
+        let ctx = unsafe { Box::from_raw(user_arg as *mut OnDelete<K>) };
+        let OnDelete { keep_alive, watch } = *ctx;
+        drop(keep_alive);
+        watch.0.store(true, Ordering::SeqCst);
     }));
 }
 
@@ -167,13 +171,13 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
         let raw = ready.raw() as isize;
         // SAFETY: the hand-off is validated device memory of `device`, compact, of
         // `shape` and `dtype`; it is kept alive until on_delete.
-        return unsafe { view(client, &device, data as *mut c_void, t, &shape, raw, handoff, false) };
+        return unsafe { view(client, &device, data as *mut c_void, (dtype, t), shape, raw, handoff, false) };
     }
     // Host memory for the CPU client: no device work to order.
     let misaligned = !(data as usize).is_multiple_of(CPU_ALIGNMENT);
     if !misaligned {
         // SAFETY: as above, for host memory; stream must be 0 on CPU.
-        return unsafe { view(client, &device, data as *mut c_void, t, &shape, 0, handoff, false) };
+        return unsafe { view(client, &device, data as *mut c_void, (dtype, t), shape, 0, handoff, false) };
     }
     if !options.allow_copy {
         return Err(XlaError::invalid(
@@ -191,7 +195,7 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
     drop(handoff);
     let ptr = copy.ptr as *mut c_void;
     // SAFETY: `copy` owns `num_bytes` aligned bytes holding the array.
-    unsafe { view(client, &device, ptr, t, &shape, 0, copy, true) }
+    unsafe { view(client, &device, ptr, (dtype, t), shape, 0, copy, true) }
 }
 
 /// Creates a zero-copy buffer over foreign memory, keeping `keep_alive` until PJRT's
@@ -199,22 +203,21 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
 ///
 /// # Safety
 /// `data` must be memory of `device` holding a compact row-major array of `shape` and
-/// PJRT type `pjrt_type`, valid while `keep_alive` lives, with its writes ordered
-/// before work on `stream` (CUDA) or complete (CPU, `stream` 0).
+/// `dtype` (with its PJRT type), valid while `keep_alive` lives, with its writes
+/// ordered before work on `stream` (CUDA) or complete (CPU, `stream` 0).
 #[allow(clippy::too_many_arguments)]
 unsafe fn view<K: Send + 'static>(
     client: &Client,
     device: &XlaDevice,
     data: *mut c_void,
-    pjrt_type: std::ffi::c_int,
-    shape: &[i64],
+    (dtype, pjrt_type): (DataType, std::ffi::c_int),
+    shape: Vec<i64>,
     stream: isize,
     keep_alive: K,
     copied: bool,
 ) -> Result<Buffer> {
     let watch = ViewWatch::default();
-    let ctx =
-        Box::into_raw(Box::new(OnDelete { keep_alive: Some(Box::new(keep_alive)), watch: watch.clone() }));
+    let ctx = Box::into_raw(Box::new(OnDelete { keep_alive, watch: watch.clone() }));
     // SAFETY: forwarded from the caller; `ctx` is handed to the callback.
     let made = unsafe {
         result::client::create_view_of_device_buffer(
@@ -223,15 +226,18 @@ unsafe fn view<K: Send + 'static>(
             device.raw(),
             data,
             pjrt_type,
-            shape,
+            &shape,
             stream,
-            on_delete,
+            on_delete::<K>,
             ctx as *mut c_void,
         )
     };
     match made {
-        // SAFETY: an owned buffer of this client.
-        Ok(raw) => unsafe { Buffer::from_raw(&client.inner, raw, copied, Some(watch)) },
+        // SAFETY: an owned buffer of this client, just made with this dtype, shape
+        // and device (no need to ask PJRT for them again).
+        Ok(raw) => Ok(unsafe {
+            Buffer::from_parts(&client.inner, raw, dtype, shape, device.index, copied, Some(watch))
+        }),
         Err(e) => {
             // SAFETY: on error PJRT did not take `ctx`: it is still ours, freed once.
             drop(unsafe { Box::from_raw(ctx) });

@@ -1,6 +1,6 @@
 //! Programs (StableHLO text or bytecode), compilation and execution.
 
-use crate::buffer::{Buffer, PjrtEvent};
+use crate::buffer::Buffer;
 use crate::client::{Client, ClientInner, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
@@ -122,6 +122,8 @@ pub struct Executable {
     parameters: Option<Vec<ArraySpec>>,
     outputs: Vec<ArraySpec>,
     pub(crate) device: Option<usize>,
+    /// The device of the outputs when `device` is `None` (see `output_device`).
+    output_device: std::sync::OnceLock<usize>,
 }
 
 // SAFETY: PJRT loaded executables are thread-safe handles.
@@ -174,6 +176,7 @@ pub(crate) fn compile(client: &Client, program: &Program, options: &CompileOptio
         parameters,
         outputs,
         device: options.device,
+        output_device: std::sync::OnceLock::new(),
     };
     match info {
         Ok((outputs, parameters)) => Ok(exe(outputs, parameters)),
@@ -321,14 +324,12 @@ impl Executable {
             None => std::ptr::null_mut(),
         };
         // SAFETY: the executable, the inputs (held by the caller) and the device are live.
-        let (outs, complete) = unsafe {
+        let outs = unsafe {
             result::executable::execute(api, self.raw, raw_inputs, self.outputs.len(), device, non_donatable)?
         };
-        // SAFETY: an owned event (dropped: readiness is tracked per output buffer).
-        drop(unsafe { PjrtEvent::from_raw(api, complete) });
         let mut buffers = Vec::with_capacity(outs.len());
         let mut failed = None;
-        for raw in outs {
+        for (raw, spec) in outs.into_iter().zip(&self.outputs) {
             if raw.is_null() {
                 continue;
             }
@@ -337,8 +338,18 @@ impl Executable {
                 let _ = unsafe { result::buffer::destroy(api, raw) };
                 continue;
             }
-            // SAFETY: an owned output buffer of this client.
-            match unsafe { Buffer::from_raw(&self.client, raw, false, None) } {
+            let made = match (spec.dtype, self.output_device(raw)) {
+                // The output signature is known since compilation, and the device
+                // since then or the first call: no PJRT query per output.
+                // SAFETY: an owned output buffer of this client, of the compiled
+                // output's type and shape, on the device it was run on.
+                (Some(dtype), Some(index)) => Ok(unsafe {
+                    Buffer::from_parts(&self.client, raw, dtype, spec.shape.clone(), index, false, None)
+                }),
+                // SAFETY: an owned output buffer of this client.
+                _ => unsafe { Buffer::from_raw(&self.client, raw, false, None) },
+            };
+            match made {
                 Ok(b) => buffers.push(b),
                 Err(e) => failed = Some(e),
             }
@@ -347,6 +358,26 @@ impl Executable {
             Some(e) => Err(e),
             None => Ok(buffers),
         }
+    }
+
+    /// The index of the device outputs are on: the one it was compiled for, or else
+    /// (the compile-time default) asked of PJRT on the first output and kept.
+    fn output_device(&self, output: *mut sys::PJRT_Buffer) -> Option<usize> {
+        if let Some(i) = self.device {
+            return Some(i);
+        }
+        if let Some(&i) = self.output_device.get() {
+            return Some(i);
+        }
+        // SAFETY: a live output buffer of this client.
+        let raw = unsafe { result::buffer::device(self.client.api(), output) }.ok()?;
+        let index = self.client.devices.iter().position(|d| d.raw == raw)?;
+        Some(*self.output_device.get_or_init(|| index))
+    }
+
+    /// The raw handle (owned by `self`).
+    pub(crate) fn raw(&self) -> *mut sys::PJRT_LoadedExecutable {
+        self.raw
     }
 
     /// The device it executes on.

@@ -40,6 +40,8 @@ pub mod dtype;
 mod error;
 pub mod exchange;
 mod executable;
+#[doc(hidden)]
+pub mod floor;
 pub mod hlo;
 mod kernel;
 mod options;

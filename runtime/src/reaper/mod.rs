@@ -219,13 +219,14 @@ pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
 /// newer keep-alive once the older event completed). Recording never blocks.
 fn defer<K: Send + 'static>(stream: &Stream, keep_alive: K) -> Result<(), (crate::Error, K)> {
     let r = reaper();
-    {
+    let was_idle = {
         let mut q = lock(r);
         let event = match stream.record() {
             Ok(event) => event,
             Err(e) => return Err((e, keep_alive)),
         };
         stats::count(Counter::ReleasesDeferred, 1);
+        let was_idle = !q.has_queued();
         let lane = q.lanes.entry(stream_key(stream)).or_insert_with(|| Lane {
             stream: stream.clone(),
             queued: VecDeque::new(),
@@ -233,8 +234,14 @@ fn defer<K: Send + 'static>(stream: &Stream, keep_alive: K) -> Result<(), (crate
         });
         lane.queued.push_back(Pending { event, keep_alive: Box::new(keep_alive) });
         r.pending.fetch_add(1, Ordering::Relaxed);
+        was_idle
+    };
+    // The background thread waits for a wake-up only when nothing is queued (it checks
+    // under the lock); otherwise it is polling and will find this release. Waking it
+    // only then saves a system call on most releases.
+    if was_idle {
+        r.wake.notify_one();
     }
-    r.wake.notify_one();
     Ok(())
 }
 

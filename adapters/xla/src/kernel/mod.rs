@@ -60,6 +60,8 @@ pub struct Kernel {
     kept: Option<Vec<bool>>,
     /// The platform-index argument a multi-platform `jax.export` artifact takes first.
     platform_index: Option<Buffer>,
+    /// Every argument index, made once: what a call passes as non-donatable.
+    no_donation: Vec<i64>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -218,7 +220,9 @@ impl Kernel {
             }
         };
         let ready = client.ready_stream(&device)?;
-        Ok(Kernel { exe, client: client.clone(), device, ready, params, kept, platform_index })
+        let arguments = params.as_ref().map_or(0, Vec::len) + usize::from(platform_index.is_some());
+        let no_donation = (0..arguments as i64).collect();
+        Ok(Kernel { exe, client: client.clone(), device, ready, params, kept, platform_index, no_donation })
     }
 
     /// The program's name.
@@ -326,9 +330,16 @@ impl Kernel {
         }
         args.visit(&mut inputs)?;
         let raw: Vec<*mut sys::PJRT_Buffer> = inputs.buffers.iter().map(Buffer::raw).collect();
-        let non_donatable: Vec<i64> =
-            if options.donate { inputs.read_only } else { (0..raw.len() as i64).collect() };
-        let outs = self.exe.execute_raw(&raw, &non_donatable)?;
+        let all: Vec<i64>;
+        let non_donatable: &[i64] = match self.no_donation.get(..raw.len()) {
+            _ if options.donate => &inputs.read_only,
+            Some(known) => known,
+            None => {
+                all = (0..raw.len() as i64).collect();
+                &all
+            }
+        };
+        let outs = self.exe.execute_raw(&raw, non_donatable)?;
         drop(inputs.buffers);
         let consumer = match (&options.output_stream, inputs.stream) {
             (Some(s), _) => s.clone(),

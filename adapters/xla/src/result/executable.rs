@@ -118,8 +118,8 @@ pub(crate) unsafe fn optimized_program_into(
     Ok(program.code_size)
 }
 
-/// `PJRT_LoadedExecutable_Execute` on one device. Returns the outputs and the
-/// device-complete event.
+/// `PJRT_LoadedExecutable_Execute` on one device, without a completion event.
+/// Returns the outputs.
 ///
 /// # Safety
 /// `exe`, the inputs and `device` (if not null) must be live; `num_outputs` must
@@ -131,7 +131,7 @@ pub(crate) unsafe fn execute(
     num_outputs: usize,
     device: *mut sys::PJRT_Device,
     non_donatable: &[i64],
-) -> Result<(Vec<*mut sys::PJRT_Buffer>, *mut sys::PJRT_Event)> {
+) -> Result<Vec<*mut sys::PJRT_Buffer>> {
     let mut options = args!(PJRT_ExecuteOptions {
         non_donatable_input_indices: non_donatable.as_ptr(),
         num_non_donatable_input_indices: non_donatable.len(),
@@ -139,7 +139,6 @@ pub(crate) unsafe fn execute(
     let arg_list: *const *mut sys::PJRT_Buffer = inputs.as_ptr();
     let mut outputs: Vec<*mut sys::PJRT_Buffer> = vec![null_mut(); num_outputs];
     let out_list: *mut *mut sys::PJRT_Buffer = outputs.as_mut_ptr();
-    let mut complete: *mut sys::PJRT_Event = null_mut();
     let mut a = args!(PJRT_LoadedExecutable_Execute_Args {
         executable: exe,
         options: &mut options,
@@ -147,10 +146,12 @@ pub(crate) unsafe fn execute(
         num_devices: 1,
         num_args: inputs.len(),
         output_lists: &out_list,
-        device_complete_events: &mut complete,
+        // No completion event: readiness is tracked per output buffer, and asking
+        // for one costs PJRT host work on every call.
+        device_complete_events: null_mut(),
         execute_device: device,
     });
     // SAFETY: forwarded from the caller; all lists outlive the call.
     unsafe { api.call(&mut a)? };
-    Ok((outputs, complete))
+    Ok(outputs)
 }

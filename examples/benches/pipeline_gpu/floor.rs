@@ -1,0 +1,240 @@
+//! The floor of each measured path: the bare framework calls a perfect adapter could
+//! not avoid, timed in the same loop as handoff's own path (alternating, so both see
+//! the same machine), so that each figure is printed as handoff / floor / handoff's
+//! own share.
+//!
+//! - torch -> XLA: PyTorch's current stream, the shim's describe and `recordStream`
+//!   on XLA's ready stream, `cuEventRecord` + `cuStreamWaitEvent` (PyTorch's stream ->
+//!   XLA's), `PJRT_Client_CreateViewOfDeviceBuffer` with that stream;
+//! - XLA -> torch: PyTorch's current stream, the stream extension's
+//!   `wait_until_buffer_ready_on_stream`, `IncreaseExternalReferenceCount`,
+//!   `OpaqueDeviceMemoryDataPointer`, the shim's `from_blob`;
+//! - releasing both: `PJRT_Buffer_Destroy` of the view; dropping the tensor,
+//!   `cuEventRecord` on PyTorch's stream (what a deferred release must record) and
+//!   `DecreaseExternalReferenceCount`;
+//! - the kernel call: torch -> XLA, `PJRT_LoadedExecutable_Execute` (no completion
+//!   event), destroying the input view, XLA -> torch;
+//! - the execution alone: `PJRT_LoadedExecutable_Execute` on a view, against
+//!   handoff's `Executable::execute`.
+
+use cudarc::driver::sys;
+use handoff::Export;
+use handoff_examples::model::{self, Pipeline, PipelineError};
+use handoff_torch::floor as torch_floor;
+use handoff_xla::floor as xla_floor;
+use std::time::{Duration, Instant};
+use tch::Tensor;
+
+/// One path: handoff's median and the floor's, in µs.
+pub struct Row {
+    pub key: &'static str,
+    pub name: &'static str,
+    pub handoff: f64,
+    pub floor: f64,
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> PipelineError {
+    PipelineError::NoCuda(format!("floor: {what}: {e}"))
+}
+
+/// A CUDA event of the current (primary) context, for the raw record + wait pair.
+fn event() -> Result<sys::CUevent, PipelineError> {
+    let mut e: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: a valid out pointer; PyTorch made the primary context current.
+    let r = unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(failed("cuEventCreate", format!("{r:?}")));
+    }
+    Ok(e)
+}
+
+/// Times `f`, adding the elapsed time to `into`.
+fn timed<R>(into: &mut Vec<Duration>, f: impl FnOnce() -> R) -> R {
+    let t = Instant::now();
+    let r = f();
+    into.push(t.elapsed());
+    r
+}
+
+/// Measures every path `samples` times; `h` is PyTorch's tensor handed to XLA.
+pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, PipelineError> {
+    let kernel = p.xla_kernel();
+    let (client, device, exe) = (p.client(), kernel.device(), kernel.executable());
+    let ready = kernel.ready_stream();
+    let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
+    let torch_stream = handoff_torch::current_stream(handoff::Device::Cuda(0))?
+        .ok_or_else(|| failed("PyTorch stream", "none"))?;
+    // What describe gives a perfect adapter: the layout of `h`, once here.
+    let probe = handoff_torch::export(h, ready)?;
+    let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
+    drop(probe);
+    // The XLA buffers handed back to PyTorch: one execution's output for handoff, and
+    // another for the floor (PJRT's external references of one buffer must not be
+    // changed from two threads at once, and handoff changes them on the reaper's).
+    let hx = client.import(handoff_torch::export(h, ready)?)?;
+    let y = exe.execute(&[&hx])?.remove(0);
+    let (ev_order, ev_release) = (event()?, event()?);
+    // A view kept for the bare execution.
+    let h_ptr = torch_floor::describe(h).map_err(|e| failed("describe", e))?;
+    // SAFETY: `h` is a live CUDA tensor of this layout, kept until the view is dropped.
+    let view_kept = unsafe { xla_floor::view(client, device, h_ptr, dtype, &shape, ready_raw) }?;
+    let y_bare = xla_floor::execute(exe, &[&view_kept])?.remove(0);
+    p.synchronize();
+
+    let mut d: [Vec<Duration>; 18] = std::array::from_fn(|_| Vec::with_capacity(samples));
+    let [
+        to_xla_export,
+        to_xla_export_f,
+        to_xla_import,
+        to_xla_import_f,
+        to_torch_export,
+        to_torch_export_f,
+        to_torch_import,
+        to_torch_import_f,
+        to_xla,
+        to_xla_f,
+        to_torch,
+        to_torch_f,
+        release,
+        release_f,
+        call,
+        call_f,
+        exec,
+        exec_f,
+    ] = &mut d;
+    // The bare torch -> XLA steps: PyTorch's side (its stream, describe, recordStream,
+    // the raw pair), then the view.
+    let bare_torch_export = || -> Result<*mut std::ffi::c_void, PipelineError> {
+        let ts = handoff_torch::cuda::current_raw_stream(0)?;
+        let ptr = torch_floor::describe(h).map_err(|e| failed("describe", e))?;
+        torch_floor::record_stream(h, 0, ready_raw).map_err(|e| failed("recordStream", e))?;
+        // SAFETY: a live event and two streams of the primary context.
+        unsafe {
+            sys::cuEventRecord(ev_order, ts as usize as sys::CUstream);
+            sys::cuStreamWaitEvent(ready_raw as usize as sys::CUstream, ev_order, 0);
+        }
+        Ok(ptr)
+    };
+    let bare_view = |ptr| -> Result<xla_floor::RawBuffer, PipelineError> {
+        // SAFETY: `h` is live and of this layout while the view is (dropped in the loop).
+        Ok(unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw) }?)
+    };
+    // The bare XLA -> torch steps: the buffer's side, then PyTorch's (its stream, from_blob).
+    let bare_xla_export = |b: &xla_floor::RawBuffer| -> Result<*mut std::ffi::c_void, PipelineError> {
+        Ok(xla_floor::export(client, b, torch_stream_raw(&torch_stream))?)
+    };
+    let bare_from_blob = |ptr| -> Result<Tensor, PipelineError> {
+        let _ts = handoff_torch::cuda::current_raw_stream(0)?;
+        // SAFETY: the buffer's memory, of `h`'s layout, referenced until `release`.
+        unsafe { torch_floor::from_blob(ptr, &shape, &strides, dtype, 0) }.map_err(|e| failed("from_blob", e))
+    };
+    let bare_release = |view: xla_floor::RawBuffer,
+                        t: Tensor,
+                        b: &xla_floor::RawBuffer|
+     -> Result<(), PipelineError> {
+        drop(view);
+        drop(t);
+        // SAFETY: a live event and PyTorch's stream.
+        unsafe { sys::cuEventRecord(ev_release, torch_stream_raw(&torch_stream) as usize as sys::CUstream) };
+        Ok(xla_floor::release(b)?)
+    };
+    for i in 0..samples {
+        // torch -> XLA and XLA -> torch, each in halves, then their releases: handoff,
+        // then the floor.
+        let t0 = Instant::now();
+        let handoff = handoff_torch::export(h, ready)?;
+        let t1 = Instant::now();
+        let hx2 = client.import(handoff)?;
+        let t2 = Instant::now();
+        let handoff = y.clone().export(&torch_stream)?;
+        let t3 = Instant::now();
+        let yt = handoff_torch::import(handoff)?;
+        let t4 = Instant::now();
+        drop((hx2, yt));
+        let t5 = Instant::now();
+        let ptr = bare_torch_export()?;
+        let t6 = Instant::now();
+        let v = bare_view(ptr)?;
+        let t7 = Instant::now();
+        let ptr = bare_xla_export(&y_bare)?;
+        let t8 = Instant::now();
+        let t = bare_from_blob(ptr)?;
+        let t9 = Instant::now();
+        bare_release(v, t, &y_bare)?;
+        let t10 = Instant::now();
+        for (v, d) in [
+            (&mut *to_xla_export, t1 - t0),
+            (&mut *to_xla_import, t2 - t1),
+            (&mut *to_torch_export, t3 - t2),
+            (&mut *to_torch_import, t4 - t3),
+            (&mut *to_xla, t2 - t0),
+            (&mut *to_torch, t4 - t2),
+            (&mut *release, t5 - t4),
+            (&mut *to_xla_export_f, t6 - t5),
+            (&mut *to_xla_import_f, t7 - t6),
+            (&mut *to_torch_export_f, t8 - t7),
+            (&mut *to_torch_import_f, t9 - t8),
+            (&mut *to_xla_f, t7 - t5),
+            (&mut *to_torch_f, t9 - t7),
+            (&mut *release_f, t10 - t9),
+        ] {
+            v.push(d);
+        }
+
+        // The whole kernel call, then its floor.
+        let out = timed(call, || p.kernel(h))?;
+        drop(out);
+        let (outs, t) = timed(call_f, || -> Result<_, PipelineError> {
+            let v = bare_view(bare_torch_export()?)?;
+            let outs = xla_floor::execute(exe, &[&v])?;
+            drop(v);
+            let t = bare_from_blob(bare_xla_export(&outs[0])?)?;
+            Ok((outs, t))
+        })?;
+        drop(t);
+        xla_floor::release(&outs[0])?;
+        drop(outs);
+
+        // The execution alone.
+        let o = timed(exec, || exe.execute(&[&hx]))?;
+        drop(o);
+        let o = timed(exec_f, || xla_floor::execute(exe, &[&view_kept]))?;
+        drop(o);
+        // Keep PJRT's queue of executions short, so that no call waits for room in it.
+        if i % 8 == 7 {
+            p.synchronize();
+        }
+    }
+    p.synchronize();
+    drop(y_bare);
+    drop(view_kept);
+    drop(hx);
+    drop(y);
+    // SAFETY: events created above, no longer used (the device is idle).
+    unsafe {
+        sys::cuEventDestroy_v2(ev_order);
+        sys::cuEventDestroy_v2(ev_release);
+    }
+    let m = |v: &mut Vec<Duration>| model::median_us(v);
+    let row = |key, name, handoff: &mut Vec<Duration>, floor: &mut Vec<Duration>| Row {
+        key,
+        name,
+        handoff: m(handoff),
+        floor: m(floor),
+    };
+    Ok(vec![
+        row("torch_export", "torch -> XLA: torch export", to_xla_export, to_xla_export_f),
+        row("xla_view", "torch -> XLA: XLA view", to_xla_import, to_xla_import_f),
+        row("torch_to_xla", "hand-off torch -> XLA", to_xla, to_xla_f),
+        row("xla_export", "XLA -> torch: XLA export", to_torch_export, to_torch_export_f),
+        row("torch_import", "XLA -> torch: torch import", to_torch_import, to_torch_import_f),
+        row("xla_to_torch", "hand-off XLA -> torch", to_torch, to_torch_f),
+        row("release_both", "releasing both", release, release_f),
+        row("kernel_call", "kernel call (hand-offs + execute)", call, call_f),
+        row("execute", "execute alone", exec, exec_f),
+    ])
+}
+
+fn torch_stream_raw(s: &handoff::Stream) -> u64 {
+    handoff::cuda::raw_stream(s).map_or(0, |(_, raw)| raw)
+}
