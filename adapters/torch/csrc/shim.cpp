@@ -54,7 +54,8 @@ extern "C" {
 
 void hf_free_message(char* m) { std::free(m); }
 
-char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* strides, int32_t cap) {
+char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* strides, int32_t cap,
+                  int32_t with_names) {
   HF_TRY({
     std::memset(out, 0, sizeof(*out));
     const at::Tensor& t = *static_cast<const at::Tensor*>(tensor);
@@ -63,19 +64,16 @@ char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* st
     }
     out->defined = 1;
     out->layout = static_cast<int32_t>(t.layout());
-    // Names are for refusals only: formatted only where the caller refuses (a layout
-    // other than strided, a device other than CPU or CUDA), as formatting costs more
-    // than the rest of the description.
-    if (t.layout() != at::kStrided) {
+    out->scalar_type = static_cast<int32_t>(t.scalar_type());
+    out->device_type = static_cast<int32_t>(t.device().type());
+    out->device_index = t.device().has_index() ? t.device().index() : -1;
+    // Names are for refusals only, and formatting them costs more than the rest of
+    // the description: the caller asks for them again when it refuses.
+    if (with_names != 0) {
       std::ostringstream layout;
       layout << t.layout();
       copy_name(out->layout_name, layout.str());
-    }
-    out->scalar_type = static_cast<int32_t>(t.scalar_type());
-    copy_name(out->dtype_name, c10::toString(t.scalar_type()));
-    out->device_type = static_cast<int32_t>(t.device().type());
-    out->device_index = t.device().has_index() ? t.device().index() : -1;
-    if (!t.device().is_cpu() && !t.device().is_cuda()) {
+      copy_name(out->dtype_name, c10::toString(t.scalar_type()));
       copy_name(out->device_name, t.device().str());
     }
     out->is_conj = t.is_conj() ? 1 : 0;

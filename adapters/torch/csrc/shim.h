@@ -32,7 +32,9 @@ typedef struct hf_facts {
 void hf_free_message(char* message);
 
 // Reads a tensor's facts; sizes and strides get `ndim` values when ndim <= cap.
-char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* strides, int32_t cap);
+// Names (layout, dtype, device) are filled only when `with_names` is non-zero.
+char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* strides, int32_t cap,
+                  int32_t with_names);
 
 // A tensor viewing `data` (no copy). `ctx` is consumed in every case: on success the
 // tensor owns it and calls deleter(ctx) once when its storage dies; on failure

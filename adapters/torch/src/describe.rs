@@ -5,44 +5,43 @@ use crate::error::TorchError;
 use crate::{dtype, ffi};
 use handoff_runtime::{Device, MAX_NDIM, TensorDesc};
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 
 /// Reads and checks everything an export needs; refuses what DLPack cannot describe.
 pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<TensorDesc<'static>, TorchError> {
     let mut facts = ffi::TensorFacts::default();
-    let (mut shape, mut strides) = ([0i64; MAX_NDIM as usize], [0i64; MAX_NDIM as usize]);
+    let mut dims = [MaybeUninit::<i64>::uninit(); 2 * MAX_NDIM as usize];
+    let (shape, strides) = dims.split_at_mut(MAX_NDIM as usize);
     // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `tensor`; the buffers
-    // hold `cap` values each; the shim catches every exception.
+    // have room for `MAX_NDIM` values each; the shim catches every exception.
     ffi::check("describe", unsafe {
         ffi::hf_describe(
             tensor.as_ptr() as *const c_void,
             &mut facts,
-            shape.as_mut_ptr(),
-            strides.as_mut_ptr(),
+            shape.as_mut_ptr() as *mut i64,
+            strides.as_mut_ptr() as *mut i64,
             MAX_NDIM,
+            0,
         )
     })?;
     if facts.defined == 0 {
         return Err(TorchError::Undefined);
     }
-    if facts.layout != 0 {
-        return Err(TorchError::NotStrided { layout: ffi::name(&facts.layout_name) });
-    }
-    let Some(dtype) = dtype::to_dlpack(facts.scalar_type) else {
-        return Err(TorchError::UnsupportedDtype {
-            dtype: ffi::name(&facts.dtype_name),
-            hint: dtype::hint(facts.scalar_type),
-        });
-    };
+    let dtype = dtype::to_dlpack(facts.scalar_type);
     let device = match (facts.device_type, u32::try_from(facts.device_index)) {
-        (0, _) => Device::Host,
-        (1, Ok(i)) => Device::Cuda(i),
-        _ => return Err(TorchError::UnsupportedDevice { device: ffi::name(&facts.device_name) }),
+        (0, _) => Some(Device::Host),
+        (1, Ok(i)) => Some(Device::Cuda(i)),
+        _ => None,
+    };
+    let (Some(dtype), Some(device), 0) = (dtype, device, facts.layout) else {
+        return Err(refusal(tensor, facts.scalar_type));
     };
     if facts.ndim > MAX_NDIM || facts.ndim < 0 {
         return Err(TorchError::TooManyDims { ndim: facts.ndim, max: MAX_NDIM });
     }
     let ndim = facts.ndim as usize;
-    let (shape, strides) = (shape[..ndim].to_vec(), strides[..ndim].to_vec());
+    // SAFETY: the shim wrote `ndim` (<= MAX_NDIM) values to each buffer.
+    let (shape, strides) = unsafe { (init(&shape[..ndim]), init(&strides[..ndim])) };
     if facts.requires_grad != 0 {
         return Err(TorchError::RequiresGrad { shape });
     }
@@ -53,6 +52,47 @@ pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Tenso
         return Err(TorchError::Negative);
     }
     Ok(TensorDesc::new(facts.data, device, dtype, shape).with_strides(strides))
+}
+
+/// The values of a written buffer.
+///
+/// # Safety
+/// Every value of `written` must have been initialized.
+unsafe fn init(written: &[MaybeUninit<i64>]) -> Vec<i64> {
+    // SAFETY: forwarded from the caller; `MaybeUninit<i64>` has `i64`'s layout.
+    unsafe { std::slice::from_raw_parts(written.as_ptr() as *const i64, written.len()) }.to_vec()
+}
+
+/// Why a tensor whose layout, dtype or device DLPack cannot carry is refused, with
+/// PyTorch's names of them (asked of the shim again, now with names).
+fn refusal(tensor: &tch::Tensor, scalar_type: i32) -> TorchError {
+    let mut facts = ffi::TensorFacts::default();
+    let mut dims = [0i64; 2 * MAX_NDIM as usize];
+    let (shape, strides) = dims.split_at_mut(MAX_NDIM as usize);
+    // SAFETY: as in `describe_tensor`.
+    let named = ffi::check("describe", unsafe {
+        ffi::hf_describe(
+            tensor.as_ptr() as *const c_void,
+            &mut facts,
+            shape.as_mut_ptr(),
+            strides.as_mut_ptr(),
+            MAX_NDIM,
+            1,
+        )
+    });
+    if let Err(e) = named {
+        return e;
+    }
+    if facts.layout != 0 {
+        return TorchError::NotStrided { layout: ffi::name(&facts.layout_name) };
+    }
+    if dtype::to_dlpack(scalar_type).is_none() {
+        return TorchError::UnsupportedDtype {
+            dtype: ffi::name(&facts.dtype_name),
+            hint: dtype::hint(scalar_type),
+        };
+    }
+    TorchError::UnsupportedDevice { device: ffi::name(&facts.device_name) }
 }
 
 /// Checks that `tensor` can be exported, returning why not.

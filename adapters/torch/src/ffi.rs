@@ -58,6 +58,7 @@ unsafe extern "C" {
         sizes: *mut i64,
         strides: *mut i64,
         cap: i32,
+        with_names: i32,
     ) -> *mut c_char;
     pub(crate) fn hf_from_blob(
         data: *mut c_void,

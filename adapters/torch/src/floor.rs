@@ -22,6 +22,7 @@ pub fn describe(tensor: &tch::Tensor) -> Result<*mut c_void, TorchError> {
             shape.as_mut_ptr(),
             strides.as_mut_ptr(),
             MAX_NDIM,
+            0,
         )
     })?;
     Ok(facts.data)

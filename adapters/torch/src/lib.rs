@@ -66,28 +66,27 @@ use std::sync::OnceLock;
 /// if !cuda_libs { println!("{}", handoff_torch::cuda_load_error().unwrap_or_default()); }
 /// ```
 pub fn init() -> bool {
-    load().is_ok()
+    loaded().is_ok()
 }
 
 /// Why `libtorch_cuda.so` could not be loaded (`None` when it is loaded).
 pub fn cuda_load_error() -> Option<String> {
-    load().err()
+    loaded().clone().err()
 }
 
-fn load() -> std::result::Result<(), String> {
+/// Loads `libtorch_cuda.so` once; every later call only reads the outcome.
+fn loaded() -> &'static std::result::Result<(), String> {
     static LOADED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    LOADED
-        .get_or_init(|| {
-            let mut loaded = 0i32;
-            // SAFETY: a valid out pointer; the shim catches every exception.
-            let r = ffi::check("dlopen(libtorch_cuda.so)", unsafe { ffi::hf_load_torch_cuda(&mut loaded) });
-            match (r, loaded) {
-                (_, 1) => Ok(()),
-                (Err(e), _) => Err(e.to_string()),
-                (Ok(()), _) => Err("libtorch_cuda.so is not loaded".into()),
-            }
-        })
-        .clone()
+    LOADED.get_or_init(|| {
+        let mut loaded = 0i32;
+        // SAFETY: a valid out pointer; the shim catches every exception.
+        let r = ffi::check("dlopen(libtorch_cuda.so)", unsafe { ffi::hf_load_torch_cuda(&mut loaded) });
+        match (r, loaded) {
+            (_, 1) => Ok(()),
+            (Err(e), _) => Err(e.to_string()),
+            (Ok(()), _) => Err("libtorch_cuda.so is not loaded".into()),
+        }
+    })
 }
 
 /// Whether the shim was compiled with PyTorch's CUDA stream and allocator support.
