@@ -113,7 +113,7 @@ impl EventPool {
 /// ```
 #[derive(Clone)]
 pub struct Stream {
-    backend: Arc<dyn Backend>,
+    backend: BackendRef,
     raw: RawStream,
     /// The thread a thread-relative handle belongs to.
     thread: Option<ThreadId>,
@@ -121,10 +121,46 @@ pub struct Stream {
     owner: Option<Arc<dyn Any + Send + Sync>>,
 }
 
+/// How a stream or an event holds its backend: a backend that lives as long as the
+/// process (CUDA's per device, the host's) is borrowed, so that the streams and events
+/// every hand-off makes and drops touch no count shared with other threads (the
+/// reaper's); any other is shared.
+#[derive(Clone)]
+enum BackendRef {
+    Process(&'static dyn Backend),
+    Shared(Arc<dyn Backend>),
+}
+
+impl std::ops::Deref for BackendRef {
+    type Target = dyn Backend;
+    fn deref(&self) -> &(dyn Backend + 'static) {
+        match self {
+            BackendRef::Process(b) => *b,
+            BackendRef::Shared(b) => &**b,
+        }
+    }
+}
+
+impl BackendRef {
+    /// The backend's address: its identity.
+    fn addr(&self) -> *const () {
+        &**self as *const dyn Backend as *const ()
+    }
+}
+
 impl Stream {
     /// A stream of `backend` named by its raw handle (of the calling thread, for a
     /// thread-relative handle).
     pub fn new(backend: Arc<dyn Backend>, raw: RawStream) -> Stream {
+        Stream::with_backend(BackendRef::Shared(backend), raw)
+    }
+
+    /// A stream of a backend that lives as long as the process (see `BackendRef`).
+    pub(crate) fn of_process_backend(backend: &'static dyn Backend, raw: RawStream) -> Stream {
+        Stream::with_backend(BackendRef::Process(backend), raw)
+    }
+
+    fn with_backend(backend: BackendRef, raw: RawStream) -> Stream {
         let thread = backend.is_thread_relative(raw).then(|| std::thread::current().id());
         Stream { backend, raw, thread, owner: None }
     }
@@ -138,9 +174,9 @@ impl Stream {
 
     /// The host "stream": work on it is done when the call that does it returns.
     pub fn host() -> Stream {
-        static HOST: OnceLock<Arc<dyn Backend>> = OnceLock::new();
-        let backend = HOST.get_or_init(|| Arc::new(HostBackend { pool: EventPool::new() }));
-        Stream { backend: backend.clone(), raw: 0, thread: None, owner: None }
+        static HOST: OnceLock<HostBackend> = OnceLock::new();
+        let backend = HOST.get_or_init(|| HostBackend { pool: EventPool::new() });
+        Stream { backend: BackendRef::Process(backend), raw: 0, thread: None, owner: None }
     }
 
     /// Whether this is the host stream.
@@ -182,8 +218,8 @@ impl Stream {
     }
 
     /// The backend behind this stream.
-    pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
     }
 
     /// Records a pooled event on this stream (counted).
@@ -199,8 +235,8 @@ impl Stream {
     /// Makes work enqueued on this stream from now on wait for `event` (counted).
     /// The host does not wait. An event of another device is refused.
     pub fn wait(&self, event: &Event) -> Result<()> {
-        if !same_backend(&self.backend, &event.backend) {
-            return Err(incompatible(&event.backend, &self.backend));
+        if self.backend.addr() != event.backend.addr() {
+            return Err(incompatible(&*event.backend, &*self.backend));
         }
         self.check_thread()?;
         self.backend.wait(self.raw, event.raw)?;
@@ -218,15 +254,16 @@ impl Stream {
     }
 
     fn key(&self) -> (*const (), RawStream, Option<ThreadId>) {
-        (Arc::as_ptr(&self.backend) as *const (), self.raw, self.thread)
+        (self.backend.addr(), self.raw, self.thread)
     }
 }
 
-pub(crate) fn same_backend(a: &Arc<dyn Backend>, b: &Arc<dyn Backend>) -> bool {
-    std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
+/// Whether `backend` is the one behind `stream`.
+pub(crate) fn is_backend_of(backend: &dyn Backend, stream: &Stream) -> bool {
+    std::ptr::addr_eq(backend as *const dyn Backend, stream.backend() as *const dyn Backend)
 }
 
-pub(crate) fn incompatible(producer: &Arc<dyn Backend>, consumer: &Arc<dyn Backend>) -> Error {
+pub(crate) fn incompatible(producer: &dyn Backend, consumer: &dyn Backend) -> Error {
     let (p, c) = (producer.device(), consumer.device());
     if p != c && producer.name() == consumer.name() {
         Error::CrossDevice { from: p, to: c }
@@ -261,7 +298,7 @@ impl fmt::Debug for Stream {
 
 /// A recorded point in a stream, from its device's pool; returned to the pool on drop.
 pub struct Event {
-    backend: Arc<dyn Backend>,
+    backend: BackendRef,
     raw: RawEvent,
 }
 

@@ -77,9 +77,9 @@ pub fn device_count() -> Result<u32> {
 /// # Errors
 /// [`Error::CudaUnavailable`] without a usable driver or when `ordinal` is not a device.
 pub unsafe fn stream(ordinal: u32, raw: u64) -> Result<Stream> {
-    let backend = backend::backend(ordinal)?;
+    let backend: &'static backend::CudaBackend = backend::backend(ordinal)?;
     let raw = if raw == CU_STREAM_LEGACY { LEGACY } else { raw };
-    Ok(Stream::new(backend.clone(), raw))
+    Ok(Stream::of_process_backend(backend, raw))
 }
 
 /// The legacy default stream of device `ordinal` (it exists as long as the context).
@@ -143,7 +143,7 @@ pub unsafe fn from_dlpack_stream(ordinal: u32, value: i64) -> Result<Stream> {
 /// for another thread's per-thread default stream (whose handle names a different
 /// stream here).
 pub fn raw_stream(stream: &Stream) -> Option<(u32, u64)> {
-    let any: &dyn std::any::Any = &**stream.backend();
+    let any: &dyn std::any::Any = stream.backend();
     let backend = any.downcast_ref::<CudaBackend>()?;
     stream.is_usable_here().then(|| (backend.ordinal(), stream.raw()))
 }

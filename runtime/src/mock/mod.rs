@@ -120,8 +120,7 @@ impl Mock {
     pub fn owns(&self, stream: &Stream) -> bool {
         stream.device() != Device::Host && {
             let b = self.backends.lock().unwrap_or_else(|p| p.into_inner());
-            b.values()
-                .any(|m| crate::stream::same_backend(&(m.clone() as Arc<dyn Backend>), stream.backend()))
+            b.values().any(|m| crate::stream::is_backend_of(&**m, stream))
         }
     }
 

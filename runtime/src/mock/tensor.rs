@@ -166,6 +166,6 @@ impl Import for MockTensor {
 }
 
 fn mock_world(stream: &Stream) -> Option<Arc<World>> {
-    let any: &dyn std::any::Any = &**stream.backend();
+    let any: &dyn std::any::Any = stream.backend();
     any.downcast_ref::<super::MockBackend>().map(|b| b.world.clone())
 }

@@ -398,7 +398,7 @@ pub fn flush_stream(stream: &Stream) {
 }
 
 fn stream_key(stream: &Stream) -> StreamKey {
-    (std::sync::Arc::as_ptr(stream.backend()) as *const () as usize, stream.raw(), stream.thread())
+    (stream.backend() as *const dyn crate::Backend as *const () as usize, stream.raw(), stream.thread())
 }
 
 fn flush_where(select: impl Fn(&StreamKey) -> bool) {
