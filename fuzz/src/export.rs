@@ -193,12 +193,21 @@ impl Layout {
         }
     }
 
-    /// Whether its elements take more than `isize::MAX` bytes (which validation
-    /// refuses, however little memory zero strides make them reach).
-    fn too_many(&self) -> bool {
+    /// Whether a hand-off cannot carry it (`ShapeOverflow`): its elements take more
+    /// than `isize::MAX` bytes (however little memory zero strides make them reach),
+    /// or its non-zero dimensions multiply past `isize::MAX` (an empty shape such as
+    /// `[0, 2^40, 2^40]`, whatever the order of its dimensions).
+    fn unrepresentable(&self) -> bool {
         let n = self.shape.iter().try_fold(1u128, |a, &d| a.checked_mul(u128::try_from(d).ok()?));
-        n.and_then(|n| n.checked_mul(u128::from(self.dtype.bits)))
-            .is_none_or(|b| b.div_ceil(8) > isize::MAX as u128)
+        let too_many = n
+            .and_then(|n| n.checked_mul(u128::from(self.dtype.bits)))
+            .is_none_or(|b| b.div_ceil(8) > isize::MAX as u128);
+        let nonzero = self
+            .shape
+            .iter()
+            .filter(|&&d| d != 0)
+            .try_fold(1u128, |a, &d| a.checked_mul(u128::try_from(d).ok()?));
+        too_many || nonzero.is_none_or(|n| n > isize::MAX as u128)
     }
 }
 
@@ -277,7 +286,7 @@ fn one(u: &mut Unstructured<'_>, streams: &[Stream]) -> arbitrary::Result<Option
             let storage = (keep.data.as_ptr() as usize, layout.len.div_ceil(8) * 8);
             let align = handoff::dtype::alignment(layout.dtype) as u64;
             let start = (storage.0 as u64).checked_add(layout.byte_offset);
-            let valid = layout.fits(storage.1) && !layout.too_many() && start.is_some_and(|s| s % align == 0);
+            let valid = layout.fits(storage.1) && !layout.unrepresentable() && start.is_some_and(|s| s % align == 0);
             let r = Handoff::with_keep_alive(
                 keep,
                 |k| {
@@ -438,7 +447,7 @@ fn check_export(r: &handoff::Result<Handoff>, fits: bool, l: &Layout, data: usiz
             let why = match e {
                 Error::Backend { call: "wait", .. } => true,
                 Error::Validation(ValidationError::ByteOffsetOverflow { .. }) => start.is_none(),
-                Error::Validation(ValidationError::ShapeOverflow { .. }) => l.too_many(),
+                Error::Validation(ValidationError::ShapeOverflow { .. }) => l.unrepresentable(),
                 Error::Validation(ValidationError::Misaligned { .. }) => {
                     start.is_some_and(|s| s % handoff::dtype::alignment(l.dtype) as u64 != 0)
                 }

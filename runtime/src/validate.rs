@@ -71,7 +71,10 @@ pub(crate) unsafe fn check(
     let view = unsafe { dlpark::tensor::TensorRef::from_raw(tensor) }.map_err(|e| from_dlpark(e, tensor))?;
     let shape = view.shape();
     let elements = view.num_elements();
-    if view.num_bytes() > isize::MAX as usize {
+    // The dimensions must multiply within isize even when another is 0 (an empty
+    // tensor): what every consumer indexes, and the same whatever the order.
+    let nonzero = shape.iter().filter(|&&d| d != 0).try_fold(1usize, |a, &d| a.checked_mul(d as usize));
+    if view.num_bytes() > isize::MAX as usize || nonzero.is_none_or(|n| n > isize::MAX as usize) {
         return Err(ValidationError::ShapeOverflow { shape: shape.to_vec() });
     }
     if elements > 0 {

@@ -172,6 +172,25 @@ fn byte_offset_overflow_and_misalignment() {
     );
 }
 
+/// An empty tensor whose other dimensions multiply past `isize::MAX` is refused
+/// whatever the order of its dimensions (it was taken with the zero first and refused
+/// with it last: the count overflowed only before reaching the zero).
+#[test]
+fn empty_shapes_whose_other_dimensions_overflow_are_refused_in_any_order() {
+    const BIG: i64 = 1 << 40;
+    for shape in [vec![0, BIG, BIG], vec![BIG, 0, BIG], vec![BIG, BIG, 0, 0]] {
+        let mut f = Foreign::f32(&[0]);
+        f.strides = Some(vec![1; shape.len()]);
+        f.shape = shape.clone();
+        assert_eq!(refused(f), ValidationError::ShapeOverflow { shape });
+    }
+    // Within isize they are fine.
+    let mut f = Foreign::f32(&[0]);
+    f.shape = vec![0, 1 << 20, 1 << 20];
+    f.strides = Some(vec![1, 1, 1]);
+    assert_eq!(import(f, Access::Read).0.unwrap().num_elements(), 0);
+}
+
 #[test]
 fn null_data_with_elements() {
     let mut f = Foreign::f32(&[2, 2]);
