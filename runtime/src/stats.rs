@@ -2,8 +2,9 @@
 //!
 //! Every place handoff or an adapter could block the host goes through
 //! [`host_sync`], so `host_syncs` is the number of times the CPU waited for a device.
-//! Counters are process-wide atomics, mirrored per thread so a test can measure a
-//! region on its own thread while other tests run:
+//! Counters are process-wide (atomics kept in parts, one per group of threads, so
+//! that threads counting at once do not contend for one cache line), mirrored per
+//! thread so a test can measure a region on its own thread while other tests run:
 //!
 //! ```
 //! use handoff_runtime::stats;
@@ -12,7 +13,7 @@
 //! ```
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// What is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +51,47 @@ pub(crate) enum Counter {
 
 const N: usize = Counter::ReleasesLeaked as usize + 1;
 
-static GLOBAL: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+static GLOBAL: Sharded<N> = Sharded::new();
+
+/// How many shards a [`Sharded`] counter has.
+const SHARDS: usize = 16;
+
+/// One thread group's copy of the counters, on cache lines of its own.
+#[repr(align(128))]
+struct Shard<const K: usize>([AtomicU64; K]);
+
+/// `K` process-wide counters, each kept in [`SHARDS`] parts: a thread adds to the part
+/// of its shard (threads take shards in turn), so the hand-off path and the reaper
+/// thread never write one cache line; a read sums the parts.
+pub(crate) struct Sharded<const K: usize>([Shard<K>; SHARDS]);
+
+impl<const K: usize> Sharded<K> {
+    pub(crate) const fn new() -> Self {
+        Sharded([const { Shard([const { AtomicU64::new(0) }; K]) }; SHARDS])
+    }
+
+    /// Adds `n` to counter `i`.
+    #[inline]
+    pub(crate) fn add(&self, i: usize, n: u64) {
+        self.0[shard()].0[i].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counter `i`, summed over the shards.
+    pub(crate) fn get(&self, i: usize) -> u64 {
+        self.0.iter().map(|s| s.0[i].load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// The calling thread's shard.
+#[inline]
+fn shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    // A thread being torn down counts in shard 0.
+    MINE.try_with(|s| *s).unwrap_or(0)
+}
 
 thread_local! {
     static LOCAL: [Cell<u64>; N] = const { [const { Cell::new(0) }; N] };
@@ -60,7 +101,7 @@ thread_local! {
 /// adapters reach the few counts they need through named functions (`adapter_counts`).
 #[inline]
 pub(crate) fn count(counter: Counter, n: u64) {
-    GLOBAL[counter as usize].fetch_add(n, Ordering::Relaxed);
+    GLOBAL.add(counter as usize, n);
     // A thread being torn down has no locals any more; the global count is kept.
     let _ = LOCAL.try_with(|l| {
         let c = &l[counter as usize];
@@ -171,7 +212,7 @@ impl std::fmt::Display for Stats {
 
 /// The process-wide counters.
 pub fn stats() -> Stats {
-    Stats::from_fn(|i| GLOBAL[i].load(Ordering::Relaxed))
+    Stats::from_fn(|i| GLOBAL.get(i))
 }
 
 /// The counters of the calling thread only.

@@ -118,19 +118,33 @@ unsafe extern "C" fn on_delete<K>(_data: *mut c_void, user_arg: *mut c_void) {
 /// [`Client::ready_stream`]: the stream XLA reads hand-offs on for `device`, asked of
 /// PJRT once per device and cached in the client.
 pub(crate) fn ready_stream(client: &Client, device: &XlaDevice) -> Result<Stream> {
-    let Some(ext) = client.plugin().stream_extension() else { return Ok(Stream::host()) };
+    if client.plugin().stream_extension().is_none() {
+        return Ok(Stream::host());
+    }
+    // Each handle given out keeps the client, which owns the stream, through a holder
+    // of its own: cloning the handle (as every hand-off to it does) counts on the
+    // holder, not on the client, whose count every buffer's birth and death touch.
+    let holder: std::sync::Arc<std::sync::Arc<crate::client::ClientInner>> =
+        std::sync::Arc::new(client.inner.clone());
+    Ok(cached_ready_stream(client, device)?.clone().with_owner(holder))
+}
+
+/// The cached ready stream of `device`, without an owner (the cache cannot hold the
+/// client: that would keep it alive forever): for use while the caller holds the
+/// client. The host stream when the plugin has no stream extension (CPU).
+fn cached_ready_stream<'c>(client: &'c Client, device: &XlaDevice) -> Result<&'c Stream> {
+    static HOST: std::sync::OnceLock<Stream> = std::sync::OnceLock::new();
+    let Some(ext) = client.plugin().stream_extension() else { return Ok(HOST.get_or_init(Stream::host)) };
     let cache = &client.inner.ready_streams[device.index];
     if let Some(s) = cache.get() {
-        return Ok(s.clone().with_owner(client.inner.clone()));
+        return Ok(s);
     }
     // SAFETY: this plugin's stream extension and a live device.
     let raw = unsafe {
         result::stream::get_stream_for_external_ready_events(client.inner.api(), ext, device.raw())?
     };
     let stream = cuda_stream(device.ordinal(), raw as u64)?;
-    // The cache holds the bare stream (holding the client there would keep it
-    // alive forever); each handle given out keeps the client, which owns it.
-    Ok(cache.get_or_init(|| stream).clone().with_owner(client.inner.clone()))
+    Ok(cache.get_or_init(|| stream))
 }
 
 /// [`Client::import_with`]: a view of the hand-off's memory (see the module docs),
@@ -161,12 +175,13 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
     let device = client.device_for(handoff.device(), options.device)?;
     let data = handoff.data_ptr();
     if client.is_gpu() {
-        let ready = client.ready_stream(&device)?;
+        // The client is held for the whole import: no handle of the stream is made.
+        let ready = cached_ready_stream(client, &device)?;
         // The producer made the data ready on the hand-off's consumer stream: order
         // XLA's ready stream after it, unless the producer exported to it directly
         // (then it is already ordered, and `order` is not called a second time).
-        if handoff.consumer_stream() != &ready {
-            handoff_runtime::order(Some(handoff.consumer_stream()), &ready)?;
+        if handoff.consumer_stream() != ready {
+            handoff_runtime::order(Some(handoff.consumer_stream()), ready)?;
         }
         let raw = ready.raw() as isize;
         // SAFETY: the hand-off is validated device memory of `device`, compact, of

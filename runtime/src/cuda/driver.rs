@@ -11,7 +11,6 @@ use cudarc::driver::{result::DriverError, sys};
 use libloading::Library;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The driver library handoff opens (the name the NVIDIA driver installs).
 pub const LIBRARY: &str = "libcuda.so.1";
@@ -96,7 +95,7 @@ pub(crate) fn backend_error(call: &'static str, e: DriverError, what: std::fmt::
     Error::Backend { backend: "cuda", call, message: format!("{e} ({what})") }
 }
 
-static CALLS: AtomicU64 = AtomicU64::new(0);
+static CALLS: crate::stats::Sharded<1> = crate::stats::Sharded::new();
 
 thread_local! {
     static LOCAL_CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
@@ -104,7 +103,7 @@ thread_local! {
 
 #[inline]
 pub(crate) fn count_calls(n: u64) {
-    CALLS.fetch_add(n, Ordering::Relaxed);
+    CALLS.add(0, n);
     let _ = LOCAL_CALLS.try_with(|c| c.set(c.get() + n));
 }
 
@@ -116,5 +115,5 @@ pub fn driver_calls() -> u64 {
 
 /// How many CUDA driver calls the backend has made in the whole process.
 pub fn driver_calls_total() -> u64 {
-    CALLS.load(Ordering::Relaxed)
+    CALLS.get(0)
 }
