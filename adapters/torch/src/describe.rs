@@ -9,21 +9,9 @@ use std::mem::MaybeUninit;
 
 /// Reads and checks everything an export needs; refuses what DLPack cannot describe.
 pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<TensorDesc<'static>, TorchError> {
-    let mut facts = ffi::TensorFacts::default();
     let mut dims = [MaybeUninit::<i64>::uninit(); 2 * MAX_NDIM as usize];
-    let (shape, strides) = dims.split_at_mut(MAX_NDIM as usize);
-    // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `tensor`; the buffers
-    // have room for `MAX_NDIM` values each; the shim catches every exception.
-    ffi::check("describe", unsafe {
-        ffi::hf_describe(
-            tensor.as_ptr() as *const c_void,
-            &mut facts,
-            shape.as_mut_ptr() as *mut i64,
-            strides.as_mut_ptr() as *mut i64,
-            MAX_NDIM,
-            0,
-        )
-    })?;
+    let facts = read_facts(tensor, false, &mut dims)?;
+    let (shape, strides) = dims.split_at(MAX_NDIM as usize);
     if facts.defined == 0 {
         return Err(TorchError::Undefined);
     }
@@ -66,23 +54,11 @@ unsafe fn init(written: &[MaybeUninit<i64>]) -> Vec<i64> {
 /// Why a tensor whose layout, dtype or device DLPack cannot carry is refused, with
 /// PyTorch's names of them (asked of the shim again, now with names).
 fn refusal(tensor: &tch::Tensor, scalar_type: i32) -> TorchError {
-    let mut facts = ffi::TensorFacts::default();
-    let mut dims = [0i64; 2 * MAX_NDIM as usize];
-    let (shape, strides) = dims.split_at_mut(MAX_NDIM as usize);
-    // SAFETY: as in `describe_tensor`.
-    let named = ffi::check("describe", unsafe {
-        ffi::hf_describe(
-            tensor.as_ptr() as *const c_void,
-            &mut facts,
-            shape.as_mut_ptr(),
-            strides.as_mut_ptr(),
-            MAX_NDIM,
-            1,
-        )
-    });
-    if let Err(e) = named {
-        return e;
-    }
+    let mut dims = [MaybeUninit::<i64>::uninit(); 2 * MAX_NDIM as usize];
+    let facts = match read_facts(tensor, true, &mut dims) {
+        Ok(facts) => facts,
+        Err(e) => return e,
+    };
     if facts.layout != 0 {
         return TorchError::NotStrided { layout: ffi::name(&facts.layout_name) };
     }
@@ -93,6 +69,31 @@ fn refusal(tensor: &tch::Tensor, scalar_type: i32) -> TorchError {
         };
     }
     TorchError::UnsupportedDevice { device: ffi::name(&facts.device_name) }
+}
+
+/// The shim's facts of `tensor` (names only `with_names`), its sizes written to the
+/// first `MAX_NDIM` values of `dims` and its strides to the others (`ndim` of each,
+/// when `ndim <= MAX_NDIM`).
+pub(crate) fn read_facts(
+    tensor: &tch::Tensor,
+    with_names: bool,
+    dims: &mut [MaybeUninit<i64>; 2 * MAX_NDIM as usize],
+) -> std::result::Result<ffi::TensorFacts, TorchError> {
+    let mut facts = ffi::TensorFacts::default();
+    let (shape, strides) = dims.split_at_mut(MAX_NDIM as usize);
+    // SAFETY: `as_ptr` is a live `at::Tensor*` for as long as `tensor`; the buffers
+    // have room for `MAX_NDIM` values each; the shim catches every exception.
+    ffi::check("describe", unsafe {
+        ffi::hf_describe(
+            tensor.as_ptr() as *const c_void,
+            &mut facts,
+            shape.as_mut_ptr() as *mut i64,
+            strides.as_mut_ptr() as *mut i64,
+            MAX_NDIM,
+            i32::from(with_names),
+        )
+    })?;
+    Ok(facts)
 }
 
 /// Checks that `tensor` can be exported, returning why not.

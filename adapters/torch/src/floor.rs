@@ -8,24 +8,13 @@ use crate::{dtype, ffi, init};
 use handoff_runtime::MAX_NDIM;
 use handoff_runtime::dtype::DataType;
 use std::ffi::c_void;
+use std::mem::MaybeUninit;
 
 /// The shim's describe of a tensor (data pointer, sizes, strides, dtype, device,
 /// flags), with no checks: returns the data pointer.
 pub fn describe(tensor: &tch::Tensor) -> Result<*mut c_void, TorchError> {
-    let mut facts = ffi::TensorFacts::default();
-    let (mut shape, mut strides) = ([0i64; MAX_NDIM as usize], [0i64; MAX_NDIM as usize]);
-    // SAFETY: a live `at::Tensor*`; the buffers hold `MAX_NDIM` values each.
-    ffi::check("describe", unsafe {
-        ffi::hf_describe(
-            tensor.as_ptr() as *const c_void,
-            &mut facts,
-            shape.as_mut_ptr(),
-            strides.as_mut_ptr(),
-            MAX_NDIM,
-            0,
-        )
-    })?;
-    Ok(facts.data)
+    let mut dims = [MaybeUninit::<i64>::uninit(); 2 * MAX_NDIM as usize];
+    Ok(crate::describe::read_facts(tensor, false, &mut dims)?.data)
 }
 
 /// The shim's `recordStream` of `tensor` on CUDA stream `raw` of device `ordinal`.
