@@ -321,25 +321,11 @@ pub(crate) fn platform_index_buffer(client: &Client, device: &XlaDevice, index: 
     let value = INDICES
         .get(index)
         .ok_or_else(|| XlaError::invalid("platform index", index, "artifacts name at most 8 platforms"))?;
-    let t = dtype::to_pjrt(DataType::I32)
-        .ok_or_else(|| XlaError::invalid("dtype", "int32", "PJRT has no buffer type for it"))?;
-    let api = client.inner.api();
-    // SAFETY: live client and device; `value` is static, so it outlives the
-    // transfer whenever it completes; a scalar has no dimensions.
-    let (raw, done) = unsafe {
-        result::client::buffer_from_host_buffer(
-            api,
-            client.inner.raw,
-            device.raw(),
-            value as *const i32 as *const _,
-            t,
-            &[],
-        )?
-    };
-    // SAFETY: an owned event of this plugin; dropping it does not wait.
-    drop(unsafe { PjrtEvent::from_raw(api, done) });
-    // SAFETY: an owned, live buffer of this client.
-    unsafe { Buffer::from_raw(&client.inner, raw, false, None) }
+    // SAFETY: `value` is static, so it outlives the transfer whenever it completes;
+    // a scalar has no dimensions. Dropping the done event does not wait.
+    let (buffer, _done) =
+        unsafe { upload(client, device, value as *const i32 as *const _, DataType::I32, &[]) }?;
+    Ok(buffer)
 }
 
 /// [`Client::buffer_from_host`]: copies a host array to a new buffer on `device`
@@ -350,7 +336,6 @@ pub(crate) fn from_host<T: Element + Copy>(
     data: &[T],
     shape: &[i64],
 ) -> Result<Buffer> {
-    let dtype = T::DTYPE;
     let elements: i64 = shape.iter().product();
     if shape.iter().any(|&d| d < 0) || elements as usize != data.len() {
         return Err(XlaError::invalid(
@@ -359,29 +344,42 @@ pub(crate) fn from_host<T: Element + Copy>(
             format!("it must be non-negative and hold the {} elements given", data.len()),
         ));
     }
+    // SAFETY: `data` holds the dense array of `shape` and outlives the wait for the
+    // done event below.
+    let (buffer, done) = unsafe { upload(client, device, data.as_ptr() as *const _, T::DTYPE, shape) }?;
+    if let Some(Err(e)) = done.map(|d| d.wait()) {
+        // `buffer` is dropped (destroyed) on this error path.
+        return Err(e);
+    }
+    Ok(buffer)
+}
+
+/// `PJRT_Client_BufferFromHostBuffer` of the dense `dtype` array of `shape` at `data`
+/// into a new buffer on `device`, built from what the caller gave (no PJRT query),
+/// with the event that says when PJRT is done reading `data`.
+///
+/// # Safety
+/// `data` must hold the dense array and stay valid until that event completes.
+unsafe fn upload(
+    client: &Client,
+    device: &XlaDevice,
+    data: *const std::ffi::c_void,
+    dtype: DataType,
+    shape: &[i64],
+) -> Result<(Buffer, Option<PjrtEvent>)> {
     let t = dtype::to_pjrt(dtype).ok_or_else(|| {
         XlaError::invalid("dtype", handoff_runtime::dtype::name(dtype), "PJRT has no buffer type for it")
     })?;
     let api = client.inner.api();
-    // SAFETY: live client and device; `data` holds the dense array and outlives
-    // the wait for the done event below.
+    // SAFETY: live client and device; `data` as the caller promises.
     let (raw, done) = unsafe {
-        result::client::buffer_from_host_buffer(
-            api,
-            client.inner.raw,
-            device.raw(),
-            data.as_ptr() as *const _,
-            t,
-            shape,
-        )?
+        result::client::buffer_from_host_buffer(api, client.inner.raw, device.raw(), data, t, shape)?
     };
-    // SAFETY: owned event of this plugin.
+    // SAFETY: an owned event of this plugin.
     let done = unsafe { PjrtEvent::from_raw(api, done) };
-    if let Some(Err(e)) = done.map(|d| d.wait()) {
-        // SAFETY: owned buffer, destroyed once on this error path.
-        let _ = unsafe { result::buffer::destroy(api, raw) };
-        return Err(e);
-    }
-    // SAFETY: an owned, live buffer of this client.
-    unsafe { Buffer::from_raw(&client.inner, raw, false, None) }
+    // SAFETY: an owned, live buffer of this client, just made with this dtype, shape
+    // and device.
+    let buffer =
+        unsafe { Buffer::from_parts(&client.inner, raw, dtype, shape.to_vec(), device.index, false, None) };
+    Ok((buffer, done))
 }

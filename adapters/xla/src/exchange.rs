@@ -118,15 +118,16 @@ unsafe extern "C" fn on_delete<K>(_data: *mut c_void, user_arg: *mut c_void) {
 /// [`Client::ready_stream`]: the stream XLA reads hand-offs on for `device`, asked of
 /// PJRT once per device and cached in the client.
 pub(crate) fn ready_stream(client: &Client, device: &XlaDevice) -> Result<Stream> {
-    if client.plugin().stream_extension().is_none() {
-        return Ok(Stream::host());
+    let ready = cached_ready_stream(client, device)?;
+    if ready.is_host() {
+        return Ok(ready.clone());
     }
     // Each handle given out keeps the client, which owns the stream, through a holder
     // of its own: cloning the handle (as every hand-off to it does) counts on the
     // holder, not on the client, whose count every buffer's birth and death touch.
     let holder: std::sync::Arc<std::sync::Arc<crate::client::ClientInner>> =
         std::sync::Arc::new(client.inner.clone());
-    Ok(cached_ready_stream(client, device)?.clone().with_owner(holder))
+    Ok(ready.clone().with_owner(holder))
 }
 
 /// The cached ready stream of `device`, without an owner (the cache cannot hold the
