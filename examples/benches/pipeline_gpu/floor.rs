@@ -33,6 +33,11 @@ pub struct Row {
     pub floor: f64,
 }
 
+/// A shim call's refusal, as the adapter reports it (the message names the call).
+fn shim(e: handoff_torch::TorchError) -> PipelineError {
+    handoff::Error::from(e).into()
+}
+
 fn failed(what: &str, e: impl std::fmt::Display) -> PipelineError {
     PipelineError::NoCuda(format!("floor: {what}: {e}"))
 }
@@ -75,7 +80,7 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
     let y = exe.execute(&[&hx])?.remove(0);
     let (ev_order, ev_release) = (event()?, event()?);
     // A view kept for the bare execution.
-    let h_ptr = torch_floor::describe(h).map_err(|e| failed("describe", e))?;
+    let h_ptr = torch_floor::describe(h).map_err(shim)?;
     // SAFETY: `h` is a live CUDA tensor of this layout, kept until the view is dropped.
     let view_kept = unsafe { xla_floor::view(client, device, h_ptr, dtype, &shape, ready_raw) }?;
     let y_bare = xla_floor::execute(exe, &[&view_kept])?.remove(0);
@@ -106,8 +111,8 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
     // the raw pair), then the view.
     let bare_torch_export = || -> Result<*mut std::ffi::c_void, PipelineError> {
         let ts = handoff_torch::cuda::current_raw_stream(0)?;
-        let ptr = torch_floor::describe(h).map_err(|e| failed("describe", e))?;
-        torch_floor::record_stream(h, 0, ready_raw).map_err(|e| failed("recordStream", e))?;
+        let ptr = torch_floor::describe(h).map_err(shim)?;
+        torch_floor::record_stream(h, 0, ready_raw).map_err(shim)?;
         // SAFETY: a live event and two streams of the primary context.
         unsafe {
             sys::cuEventRecord(ev_order, ts as usize as sys::CUstream);
@@ -126,7 +131,7 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
     let bare_from_blob = |ptr| -> Result<Tensor, PipelineError> {
         let _ts = handoff_torch::cuda::current_raw_stream(0)?;
         // SAFETY: the buffer's memory, of `h`'s layout, referenced until `release`.
-        unsafe { torch_floor::from_blob(ptr, &shape, &strides, dtype, 0) }.map_err(|e| failed("from_blob", e))
+        unsafe { torch_floor::from_blob(ptr, &shape, &strides, dtype, 0) }.map_err(shim)
     };
     let bare_release = |view: xla_floor::RawBuffer,
                         t: Tensor,
