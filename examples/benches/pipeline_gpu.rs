@@ -401,6 +401,19 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
         ms_torch * 1e3
     );
     floor_json.f("host_us_step", per_step(phases.total()), 2).f("host_us_step_floor", step_floor, 2);
+    // Where the torch export's time goes, step by step.
+    let h = p.matmul(&x0)?;
+    let export_steps = floor::torch_export_steps(&p, &h, args.samples)?;
+    drop(h);
+    let line: Vec<String> = export_steps.iter().map(|(name, us)| format!("{name} {us:.2}")).collect();
+    println!("torch export step by step, medians (us): {}", line.join(", "));
+    for (name, us) in &export_steps {
+        floor_json.f(
+            &format!("torch_export_step_{}_us", name.replace([' ', '-'], "_").to_lowercase()),
+            *us,
+            2,
+        );
+    }
     floor_json.print();
     if s_floor.host_syncs != 0 {
         println!(

@@ -4,14 +4,13 @@
 use crate::device::Device;
 use crate::dtype::DataType;
 use crate::error::{Result, ValidationError};
+use crate::managed::{self, Owner, Parts};
 use crate::ordered::{Ready, StreamOrdered};
-use crate::reaper;
 use crate::stats::{self, Counter};
 use crate::stream::Stream;
 use crate::validate::{self, Access};
 use dlpark::DlpackFlags;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
-use dlpark::metadata::Dynamic;
 use dlpark::{Managed, ManagedTensorBase};
 use std::borrow::Cow;
 use std::ffi::c_void;
@@ -126,21 +125,6 @@ pub trait Import: Sized {
     fn from_handoff(handoff: Handoff) -> Result<Self>;
 }
 
-/// The DLPack context of a hand-off: the producer's keep-alive, and the stream after
-/// whose queued work it may go.
-struct Owner<K: Send + 'static> {
-    keep_alive: Option<K>,
-    release_after: Option<Stream>,
-}
-
-impl<K: Send + 'static> Drop for Owner<K> {
-    fn drop(&mut self) {
-        if let Some(k) = self.keep_alive.take() {
-            reaper::release_after(self.release_after.as_ref(), k);
-        }
-    }
-}
-
 /// A tensor in flight between a producer and a consumer: a DLPack
 /// `DLManagedTensorVersioned` (through dlpark) made ready on the consumer's stream.
 ///
@@ -158,7 +142,7 @@ impl Handoff {
     pub fn export<T: Export>(value: T, consumer: &Stream) -> Result<Handoff> {
         // Immediate only when the memory goes back in order on the consumer's own
         // stream: then the free itself waits for the consumer's queued work.
-        let released_in_order = value.release_stream().as_ref() == Some(consumer);
+        let released_in_order = value.releases_on(consumer);
         let ready = value.ready_on(consumer)?;
         let release = if released_in_order { Release::Immediately } else { Release::AfterConsumer };
         Handoff::with_keep_alive(value, |v| v.describe(), consumer, ready, release)
@@ -176,36 +160,27 @@ impl Handoff {
         ready: Ready,
         release: Release,
     ) -> Result<Handoff> {
-        let (prepared, data, device, dtype, byte_offset, flags) = {
+        let prepared = {
             let desc = describe(&keep_alive)?;
-            let prepared = match &desc.strides {
-                // Compact memory carries canonical strides (size-1 dimensions' strides
-                // rewritten), so that consumers comparing strides exactly accept it.
-                Some(strides) if !validate::is_compact(&desc.shape, strides) => {
-                    Dynamic::new(&desc.shape[..], &strides[..]).prepare()
-                }
-                _ => Dynamic::compact(&desc.shape[..]).prepare(),
-            }
-            .map_err(|e| metadata_error(e, &desc))?;
             let mut flags = DlpackFlags::empty();
             flags.set(DlpackFlags::READ_ONLY, desc.read_only);
             flags.set(DlpackFlags::IS_COPIED, desc.is_copied);
-            (prepared, desc.data, desc.device, desc.dtype, desc.byte_offset, flags)
+            managed::prepare::<K>(&Parts {
+                data: desc.data,
+                device: desc.device.to_dlpack(),
+                dtype: desc.dtype,
+                shape: &desc.shape,
+                strides: desc.strides.as_deref(),
+                byte_offset: desc.byte_offset,
+                flags,
+            })?
         };
         let release_after = match release {
             Release::AfterConsumer => Some(consumer.clone()),
             Release::Immediately => None,
         };
-        let owner = Box::new(Owner { keep_alive: Some(keep_alive), release_after });
-        let mut init = prepared.initialize(owner);
-        init.set_data(data).set_device(device.to_dlpack()).set_dtype(dtype).set_byte_offset(byte_offset);
-        // SAFETY: IS_COPIED is only set when the producer says the memory is a copy
-        // owned by this hand-off alone (`TensorDesc::is_copied`).
-        unsafe { init.set_flags_unchecked(flags) };
-        // SAFETY: data, device and dtype describe memory `keep_alive` owns, which the
-        // context keeps alive until the deleter runs; shape and strides are in the
-        // allocation itself.
-        let managed = unsafe { init.finish() };
+        let managed =
+            prepared.finish(Owner { keep_alive: Some(keep_alive), release_after }).map_err(|(e, _)| e)?;
         Self::checked(managed, consumer.clone(), ready, Access::Read, Counter::Exports)
     }
 
@@ -276,37 +251,30 @@ impl Handoff {
     ) -> Result<Handoff> {
         // SAFETY: validated above; metadata is immutable while owned.
         let t: DLTensor = *unsafe { foreign.tensor() };
-        let shape: &[i64] = if t.ndim == 0 {
-            &[]
+        let (shape, strides): (&[i64], Option<&[i64]>) = if t.ndim == 0 {
+            (&[], None)
         } else {
-            // SAFETY: validated: `ndim` readable shape values when ndim > 0.
-            unsafe { std::slice::from_raw_parts(t.shape, t.ndim as usize) }
+            // SAFETY: validated: `ndim` readable shape values, and `ndim` readable
+            // strides when they are not null.
+            unsafe {
+                (
+                    std::slice::from_raw_parts(t.shape, t.ndim as usize),
+                    (!t.strides.is_null()).then(|| std::slice::from_raw_parts(t.strides, t.ndim as usize)),
+                )
+            }
         };
-        let strides: Cow<'_, [i64]> = if t.ndim == 0 {
-            Cow::Borrowed(&[])
-        } else if t.strides.is_null() {
-            Cow::Owned(
-                dlpark::tensor::compact_strides(shape)
-                    .map_err(|_| ValidationError::ShapeOverflow { shape: shape.to_vec() })?,
-            )
-        } else {
-            // SAFETY: validated: non-null strides point to `ndim` readable values.
-            Cow::Borrowed(unsafe { std::slice::from_raw_parts(t.strides, t.ndim as usize) })
+        let parts = Parts {
+            data: t.data,
+            device: t.device,
+            dtype: t.dtype,
+            shape,
+            strides,
+            byte_offset: t.byte_offset,
+            flags,
         };
-        // Compact memory carries canonical strides, as in `with_keep_alive`.
-        let prepared = if validate::is_compact(shape, &strides) {
-            Dynamic::compact(shape).prepare()
-        } else {
-            Dynamic::new(shape, &strides[..]).prepare()
-        }
-        .map_err(|_| ValidationError::ShapeOverflow { shape: shape.to_vec() })?;
-        let owner = Box::new(Owner { keep_alive: Some(foreign), release_after: Some(consumer.clone()) });
-        let mut init = prepared.initialize(owner);
-        init.set_data(t.data).set_device(t.device).set_dtype(t.dtype).set_byte_offset(t.byte_offset);
-        // SAFETY: the flags are the producer's own, passed on unchanged.
-        unsafe { init.set_flags_unchecked(flags) };
-        // SAFETY: the foreign tensor, kept in the context, owns the described memory.
-        let managed = unsafe { init.finish() };
+        let prepared = managed::prepare::<Managed<M>>(&parts)?;
+        let owner = Owner { keep_alive: Some(foreign), release_after: Some(consumer.clone()) };
+        let managed = prepared.finish(owner).map_err(|(e, _)| e)?;
         Self::checked(managed, consumer.clone(), Ready::Elided, access, Counter::Imports)
     }
 
@@ -439,21 +407,5 @@ impl std::fmt::Debug for Handoff {
             .field("consumer", &self.consumer)
             .field("ready", &self.ready)
             .finish()
-    }
-}
-
-fn metadata_error(e: dlpark::metadata::Error, desc: &TensorDesc<'_>) -> crate::Error {
-    use dlpark::metadata::Error as M;
-    match e {
-        M::NegativeShapeValue { axis, value } => ValidationError::NegativeDimension { axis, value }.into(),
-        M::MismatchedLength { shape_len, strides_len } => crate::Error::Adapter {
-            adapter: "export",
-            message: format!("shape has {shape_len} dimensions but strides has {strides_len}"),
-        },
-        M::NdimOverflow { ndim, .. } => {
-            ValidationError::TooManyDims { ndim: ndim.min(i32::MAX as usize) as i32, max: validate::MAX_NDIM }
-                .into()
-        }
-        _ => ValidationError::ShapeOverflow { shape: desc.shape.to_vec() }.into(),
     }
 }

@@ -32,6 +32,7 @@ mod device;
 pub mod dtype;
 mod error;
 mod handoff;
+mod managed;
 pub mod mock;
 mod ordered;
 pub mod reaper;

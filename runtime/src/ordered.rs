@@ -55,6 +55,14 @@ pub trait StreamOrdered {
         self.stream()
     }
 
+    /// Whether the value's memory goes back on `consumer` itself
+    /// ([`release_stream`](Self::release_stream) is `consumer`), so that a consumer
+    /// there may let it go as soon as it drops its view. Override it only to answer
+    /// without making a `Stream`.
+    fn releases_on(&self, consumer: &Stream) -> bool {
+        self.release_stream().as_ref() == Some(consumer)
+    }
+
     /// Makes the value's pending writes visible to work enqueued on `consumer` from
     /// now on, without blocking the host (unless `consumer` is the host itself).
     fn ready_on(&self, consumer: &Stream) -> Result<Ready> {
@@ -80,7 +88,6 @@ pub fn order(producer: Option<&Stream>, consumer: &Stream) -> Result<Ready> {
     if producer.device() != consumer.device() {
         return Err(Error::CrossDevice { from: producer.device(), to: consumer.device() });
     }
-    let event = producer.record()?;
-    consumer.wait(&event)?;
+    consumer.wait_for(producer)?;
     Ok(Ready::Waited)
 }

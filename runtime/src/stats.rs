@@ -2,9 +2,10 @@
 //!
 //! Every place handoff or an adapter could block the host goes through
 //! [`host_sync`], so `host_syncs` is the number of times the CPU waited for a device.
-//! Counters are process-wide (atomics kept in parts, one per group of threads, so
-//! that threads counting at once do not contend for one cache line), mirrored per
-//! thread so a test can measure a region on its own thread while other tests run:
+//! Each thread counts in a block of its own (no locked instruction, no cache line
+//! written by two threads); the process-wide counters are the sum over the threads,
+//! live and ended. A test can measure a region on its own thread while other tests
+//! run:
 //!
 //! ```
 //! use handoff_runtime::stats;
@@ -12,8 +13,8 @@
 //! assert_eq!(delta.host_syncs, 0);
 //! ```
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// What is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,62 +52,91 @@ pub(crate) enum Counter {
 
 const N: usize = Counter::ReleasesLeaked as usize + 1;
 
-static GLOBAL: Sharded<N> = Sharded::new();
+/// The slots every thread keeps: the [`Counter`]s, then the CUDA driver calls (which
+/// `Stats` does not show; `cuda::driver_calls` reads them).
+const SLOTS: usize = N + 1;
+/// The slot of the CUDA driver calls.
+#[cfg(feature = "cuda")]
+pub(crate) const DRIVER_CALLS: usize = N;
 
-/// How many shards a [`Sharded`] counter has.
-const SHARDS: usize = 16;
+/// One thread's counts: written by that thread alone, with a plain load and store
+/// (no locked instruction, no cache line shared with another writer), read by any.
+struct Block([AtomicU64; SLOTS]);
 
-/// One thread group's copy of the counters, on cache lines of its own.
-#[repr(align(128))]
-struct Shard<const K: usize>([AtomicU64; K]);
+/// Every live thread's [`Block`], and what threads that ended had counted.
+struct Registry {
+    live: Mutex<Vec<Arc<Block>>>,
+    ended: [AtomicU64; SLOTS],
+}
 
-/// `K` process-wide counters, each kept in [`SHARDS`] parts: a thread adds to the part
-/// of its shard (threads take shards in turn), so the hand-off path and the reaper
-/// thread never write one cache line; a read sums the parts.
-pub(crate) struct Sharded<const K: usize>([Shard<K>; SHARDS]);
+static REGISTRY: Registry =
+    Registry { live: Mutex::new(Vec::new()), ended: [const { AtomicU64::new(0) }; SLOTS] };
 
-impl<const K: usize> Sharded<K> {
-    pub(crate) const fn new() -> Self {
-        Sharded([const { Shard([const { AtomicU64::new(0) }; K]) }; SHARDS])
-    }
+fn live() -> MutexGuard<'static, Vec<Arc<Block>>> {
+    // Nothing panics under the lock; the list is consistent at every unlock.
+    REGISTRY.live.lock().unwrap_or_else(|p| p.into_inner())
+}
 
-    /// Adds `n` to counter `i`.
-    #[inline]
-    pub(crate) fn add(&self, i: usize, n: u64) {
-        self.0[shard()].0[i].fetch_add(n, Ordering::Relaxed);
-    }
+/// The calling thread's block, registered on first use; at thread exit its counts
+/// move to `ended`, under the same lock that readers sum under.
+struct Local(Arc<Block>);
 
-    /// Counter `i`, summed over the shards.
-    pub(crate) fn get(&self, i: usize) -> u64 {
-        self.0.iter().map(|s| s.0[i].load(Ordering::Relaxed)).sum()
+impl Local {
+    fn register() -> Local {
+        let block = Arc::new(Block([const { AtomicU64::new(0) }; SLOTS]));
+        live().push(block.clone());
+        Local(block)
     }
 }
 
-/// The calling thread's shard.
-#[inline]
-fn shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+impl Drop for Local {
+    fn drop(&mut self) {
+        let mut live = live();
+        for (ended, mine) in REGISTRY.ended.iter().zip(&self.0.0) {
+            ended.fetch_add(mine.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        live.retain(|b| !Arc::ptr_eq(b, &self.0));
     }
-    // A thread being torn down counts in shard 0.
-    MINE.try_with(|s| *s).unwrap_or(0)
 }
 
 thread_local! {
-    static LOCAL: [Cell<u64>; N] = const { [const { Cell::new(0) }; N] };
+    static LOCAL: Local = Local::register();
 }
 
-/// Adds `n` to a counter, process-wide and on this thread. Only the runtime counts;
-/// adapters reach the few counts they need through named functions (`adapter_counts`).
+/// Adds `n` to slot `i` of the calling thread (of `ended` for a thread being torn
+/// down, whose block is gone).
+#[inline]
+pub(crate) fn add(i: usize, n: u64) {
+    if LOCAL
+        .try_with(|l| {
+            let c = &l.0.0[i];
+            // Only this thread writes its block: a load and a store cannot lose a count.
+            c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        })
+        .is_err()
+    {
+        REGISTRY.ended[i].fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Slot `i` over the whole process.
+pub(crate) fn total(i: usize) -> u64 {
+    let live = live();
+    REGISTRY.ended[i].load(Ordering::Relaxed)
+        + live.iter().map(|b| b.0[i].load(Ordering::Relaxed)).sum::<u64>()
+}
+
+/// Slot `i` of the calling thread (0 for a thread being torn down).
+pub(crate) fn of_this_thread(i: usize) -> u64 {
+    LOCAL.try_with(|l| l.0.0[i].load(Ordering::Relaxed)).unwrap_or(0)
+}
+
+/// Adds `n` to a counter, on this thread (and so process-wide). Only the runtime
+/// counts; adapters reach the few counts they need through named functions
+/// (`adapter_counts`).
 #[inline]
 pub(crate) fn count(counter: Counter, n: u64) {
-    GLOBAL.add(counter as usize, n);
-    // A thread being torn down has no locals any more; the global count is kept.
-    let _ = LOCAL.try_with(|l| {
-        let c = &l[counter as usize];
-        c.set(c.get() + n);
-    });
+    add(counter as usize, n);
 }
 
 /// Runs a call that blocks the host until a device has done some work, and counts
@@ -212,12 +242,12 @@ impl std::fmt::Display for Stats {
 
 /// The process-wide counters.
 pub fn stats() -> Stats {
-    Stats::from_fn(|i| GLOBAL.get(i))
+    Stats::from_fn(total)
 }
 
 /// The counters of the calling thread only.
 pub fn thread_stats() -> Stats {
-    LOCAL.with(|l| Stats::from_fn(|i| l[i].get()))
+    Stats::from_fn(of_this_thread)
 }
 
 /// Runs `f` and returns what it did on this thread.

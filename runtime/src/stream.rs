@@ -38,6 +38,21 @@ pub trait Backend: std::any::Any + Send + Sync {
     fn record(&self, event: RawEvent, stream: RawStream) -> Result<()>;
     /// Makes work enqueued on `stream` from now on wait for `event`'s latest record.
     fn wait(&self, stream: RawStream, event: RawEvent) -> Result<()>;
+    /// Records `event` on `producer` and makes `consumer` wait for it: what
+    /// [`record`](Self::record) then [`wait`](Self::wait) do, which is the default;
+    /// a backend may do both for the price of one context switch. Returns whether
+    /// the record happened, and how the whole went.
+    fn record_and_wait(
+        &self,
+        event: RawEvent,
+        producer: RawStream,
+        consumer: RawStream,
+    ) -> (bool, Result<()>) {
+        if let Err(e) = self.record(event, producer) {
+            return (false, Err(e));
+        }
+        (true, self.wait(consumer, event))
+    }
     /// Whether `event` has completed. Never blocks.
     fn query(&self, event: RawEvent) -> Result<bool>;
     /// Blocks the host until `event` has completed. Only called through
@@ -131,6 +146,99 @@ enum BackendRef {
     Shared(Arc<dyn Backend>),
 }
 
+impl BackendRef {
+    /// A free event: from the calling thread's spares when the backend lives as long
+    /// as the process (no lock), else from the pool.
+    fn take_event(&self) -> Result<RawEvent> {
+        match self {
+            BackendRef::Process(b) => spare::take(*b),
+            BackendRef::Shared(b) => b.event_pool().take(&**b),
+        }
+    }
+
+    /// Gives an event back, to the calling thread's spares when it can keep it.
+    fn put_event(&self, event: RawEvent) {
+        match self {
+            BackendRef::Process(b) => spare::put(*b, event),
+            BackendRef::Shared(b) => b.event_pool().put(&**b, event),
+        }
+    }
+}
+
+/// A few free events of one process-lived backend (CUDA's, the host's) that each
+/// thread keeps, so that ordering and releasing take and give back their event
+/// without the pool's lock, which the reaper's thread takes too. They go back to the
+/// pool when the thread ends.
+mod spare {
+    use super::{Backend, RawEvent};
+    use crate::error::Result;
+    use std::cell::RefCell;
+
+    const KEPT: usize = 4;
+
+    struct Spares {
+        backend: Option<&'static dyn Backend>,
+        events: [RawEvent; KEPT],
+        len: usize,
+    }
+
+    impl Drop for Spares {
+        fn drop(&mut self) {
+            if let Some(b) = self.backend {
+                for &e in &self.events[..self.len] {
+                    b.event_pool().put(b, e);
+                }
+            }
+        }
+    }
+
+    thread_local! {
+        static SPARES: RefCell<Spares> = const { RefCell::new(Spares { backend: None, events: [0; KEPT], len: 0 }) };
+    }
+
+    fn same(a: Option<&'static dyn Backend>, b: &'static dyn Backend) -> bool {
+        a.is_some_and(|a| std::ptr::addr_eq(a as *const dyn Backend, b as *const dyn Backend))
+    }
+
+    pub(super) fn take(b: &'static dyn Backend) -> Result<RawEvent> {
+        let kept = SPARES
+            .try_with(|s| {
+                let mut s = s.borrow_mut();
+                (same(s.backend, b) && s.len > 0).then(|| {
+                    s.len -= 1;
+                    s.events[s.len]
+                })
+            })
+            .ok()
+            .flatten();
+        match kept {
+            Some(e) => Ok(e),
+            None => b.event_pool().take(b),
+        }
+    }
+
+    pub(super) fn put(b: &'static dyn Backend, event: RawEvent) {
+        let kept = SPARES
+            .try_with(|s| {
+                let mut s = s.borrow_mut();
+                if s.len == 0 {
+                    s.backend = Some(b);
+                }
+                let keep = same(s.backend, b) && s.len < KEPT;
+                if keep {
+                    let n = s.len;
+                    s.events[n] = event;
+                    s.len += 1;
+                }
+                keep
+            })
+            .unwrap_or(false);
+        if !kept {
+            b.event_pool().put(b, event);
+        }
+    }
+}
+
 impl std::ops::Deref for BackendRef {
     type Target = dyn Backend;
     fn deref(&self) -> &(dyn Backend + 'static) {
@@ -156,6 +264,7 @@ impl Stream {
     }
 
     /// A stream of a backend that lives as long as the process (see `BackendRef`).
+    #[cfg(feature = "cuda")]
     pub(crate) fn of_process_backend(backend: &'static dyn Backend, raw: RawStream) -> Stream {
         Stream::with_backend(BackendRef::Process(backend), raw)
     }
@@ -225,11 +334,30 @@ impl Stream {
     /// Records a pooled event on this stream (counted).
     pub fn record(&self) -> Result<Event> {
         self.check_thread()?;
-        let raw = self.backend.event_pool().take(&*self.backend)?;
+        let raw = self.backend.take_event()?;
         let event = Event { backend: self.backend.clone(), raw };
         self.backend.record(raw, self.raw)?;
         stats::count(Counter::EventsRecorded, 1);
         Ok(event)
+    }
+
+    /// Makes work enqueued on this stream from now on wait for all work enqueued on
+    /// `producer` so far: one pooled event recorded there and waited for here (both
+    /// counted), in one [`Backend::record_and_wait`]. The host does not wait.
+    pub(crate) fn wait_for(&self, producer: &Stream) -> Result<()> {
+        if self.backend.addr() != producer.backend.addr() {
+            return Err(incompatible(&*producer.backend, &*self.backend));
+        }
+        producer.check_thread()?;
+        self.check_thread()?;
+        let event = Event { backend: producer.backend.clone(), raw: producer.backend.take_event()? };
+        let (recorded, waited) = producer.backend.record_and_wait(event.raw, producer.raw, self.raw);
+        if recorded {
+            stats::count(Counter::EventsRecorded, 1);
+        }
+        waited?;
+        stats::count(Counter::WaitsEnqueued, 1);
+        Ok(())
     }
 
     /// Makes work enqueued on this stream from now on wait for `event` (counted).
@@ -326,7 +454,7 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        self.backend.event_pool().put(&*self.backend, self.raw);
+        self.backend.put_event(self.raw);
     }
 }
 

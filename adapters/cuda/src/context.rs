@@ -25,6 +25,12 @@ static OPENING: Mutex<()> = Mutex::new(());
 /// [`Error::CudaUnavailable`] without a usable driver or device `ordinal`;
 /// [`Error::Backend`] if the driver refuses the context.
 pub fn context(ordinal: u32) -> Result<Arc<CudaContext>> {
+    context_ref(ordinal).cloned()
+}
+
+/// [`context`] without a new reference: the cached context itself, which lives as
+/// long as the process.
+pub(crate) fn context_ref(ordinal: u32) -> Result<&'static Arc<CudaContext>> {
     // The runtime probes libcuda without panicking; cudarc is safe to call after.
     let devices = cuda::device_count()?;
     let cells = CONTEXTS.get_or_init(|| (0..devices).map(|_| OnceLock::new()).collect());
@@ -36,11 +42,11 @@ pub fn context(ordinal: u32) -> Result<Arc<CudaContext>> {
         });
     };
     if let Some(c) = cell.get() {
-        return Ok(c.clone());
+        return Ok(c);
     }
     let _opening = OPENING.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(c) = cell.get() {
-        return Ok(c.clone());
+        return Ok(c);
     }
     let driver = |call: &'static str| {
         move |e: cu::DriverError| Error::Backend {
@@ -58,7 +64,7 @@ pub fn context(ordinal: u32) -> Result<Arc<CudaContext>> {
         unsafe { cu::ctx::set_current(before.unwrap_or(std::ptr::null_mut())) }
             .map_err(driver("cuCtxSetCurrent"))?;
     }
-    Ok(cell.get_or_init(|| ctx).clone())
+    Ok(cell.get_or_init(|| ctx))
 }
 
 /// The handoff [`Stream`] of a cudarc stream. The `Stream` (and every clone) keeps

@@ -10,8 +10,9 @@
 //!   producer's memory is freed (by cudarc, stream-ordered, on its own stream) only
 //!   after the consumer's queued work is done. No CUDA call on the same stream; one
 //!   `cuEventRecord` + one `cuStreamWaitEvent` across streams.
-//! - **Import** views the foreign memory through dlpark's
-//!   [`dlpark::interop::cudarc::ManagedCudaSlice`], which never
+//! - **Import** keeps the hand-off itself (validated once, when it was made: its
+//!   shape, strides and flags are read from it, nothing is copied or checked again)
+//!   and makes the cudarc slice over its memory on first use, a slice that never
 //!   frees it: the hand-off (and so the foreign owner) is kept until the view is
 //!   dropped, and then released in stream order by the runtime's reaper.
 //! - **No hidden syncs.** cudarc's per-slice event tracking records and waits events

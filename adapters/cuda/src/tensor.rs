@@ -1,22 +1,42 @@
 //! [`CudaTensor`]: a cudarc slice with its stream, shape and strides, exported and
 //! imported without a copy.
 
-use crate::context::{context, refuse, stream_of};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, sys};
-use dlpark::TryFromDlpack;
-use dlpark::ffi::DLManagedTensorVersioned;
-use dlpark::interop::cudarc::{CudaImport, ManagedCudaSlice};
-use dlpark::{DlpackElement, Managed};
+use crate::context::{context_ref, refuse, stream_of};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys};
+use dlpark::DlpackElement;
 use handoff_runtime::{
-    Device, Error, Export, Handoff, Import, Result, Stream, StreamOrdered, TensorDesc, cuda,
+    Device, Error, Export, Handoff, Import, Result, Stream, StreamOrdered, TensorDesc, cuda, order,
 };
-use std::sync::Arc;
+use handoff_runtime::{Ready, dtype::name as dtype_name};
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, OnceLock};
 
 enum Storage<T> {
-    /// Memory this tensor owns (freed by cudarc, on its stream, when dropped).
-    Owned(CudaSlice<T>),
-    /// A view of another owner's memory, keeping its hand-off until dropped.
-    Imported(ManagedCudaSlice<DLManagedTensorVersioned, T>),
+    /// Memory this tensor owns (freed by cudarc, on `release`, when dropped).
+    Owned {
+        slice: CudaSlice<T>,
+        /// The stream the slice was allocated on, where cudarc frees it.
+        release: Stream,
+        shape: Vec<i64>,
+        strides: Vec<i64>,
+    },
+    /// A view of another owner's memory: the hand-off itself (its shape, strides and
+    /// flags, validated when it was made; dropping it releases in stream order), and
+    /// the cudarc slice over it, made on first use.
+    Imported { handoff: Handoff, ctx: &'static Arc<CudaContext>, slice: OnceLock<SliceView<T>> },
+}
+
+/// A cudarc slice over memory another owner frees: dropping it leaks the slice
+/// (cudarc would free the memory), never frees it.
+struct SliceView<T>(ManuallyDrop<CudaSlice<T>>);
+
+impl<T> Drop for SliceView<T> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and never used again.
+        let slice = unsafe { ManuallyDrop::take(&mut self.0) };
+        // The context has event tracking off, so leaking makes no CUDA call.
+        slice.leak();
+    }
 }
 
 /// A `CudaSlice<T>` with its stream, shape and strides: a stream-ordered tensor that
@@ -39,12 +59,6 @@ pub struct CudaTensor<T> {
     ptr: sys::CUdeviceptr,
     ordinal: u32,
     stream: Stream,
-    /// Where the memory goes back: the slice's own stream (cudarc frees there), or
-    /// for an import the consumer stream its hand-off releases after.
-    release: Stream,
-    shape: Vec<i64>,
-    strides: Vec<i64>,
-    read_only: bool,
 }
 
 impl<T: DlpackElement> CudaTensor<T> {
@@ -84,27 +98,44 @@ impl<T: DlpackElement> CudaTensor<T> {
         let (ptr, record) = slice.device_ptr(slice.stream());
         drop(record);
         let ordinal = slice.ordinal() as u32;
-        Ok(CudaTensor {
-            storage: Storage::Owned(slice),
-            ptr,
-            ordinal,
+        let storage = Storage::Owned {
+            slice,
             release: stream.clone(),
-            stream,
             shape: shape.to_vec(),
             strides: strides.to_vec(),
-            read_only: false,
-        })
+        };
+        Ok(CudaTensor { storage, ptr, ordinal, stream })
     }
 }
 
 impl<T> CudaTensor<T> {
     /// The slice: the whole allocation for an owned tensor, the viewed elements for
-    /// an imported one. Pass it to cudarc's launch builder; enqueue on
-    /// [`cuda_stream`](Self::cuda_stream) (or order your stream after it).
+    /// an imported one (made on first use; it never frees the memory). Pass it to
+    /// cudarc's launch builder; enqueue on [`cuda_stream`](Self::cuda_stream) (or
+    /// order your stream after it).
     pub fn slice(&self) -> &CudaSlice<T> {
         match &self.storage {
-            Storage::Owned(s) => s,
-            Storage::Imported(m) => m,
+            Storage::Owned { slice, .. } => slice,
+            Storage::Imported { handoff, ctx, slice } => {
+                &slice
+                    .get_or_init(|| {
+                        let raw = cuda::raw_stream(handoff.consumer_stream()).map_or(0, |(_, raw)| raw);
+                        // SAFETY: the import checked that the consumer stream is a CUDA stream
+                        // of this device's primary context, kept alive by the hand-off's
+                        // consumer handle (in `handoff`) for as long as this view; the wrapper
+                        // is borrowed and never destroys it.
+                        let stream = unsafe { ctx.wrap_borrowed_stream(raw as usize as sys::CUstream) };
+                        // SAFETY: the hand-off's memory: `num_elements` compact elements of `T`
+                        // from `ptr` (checked at import), ready on `stream`, kept alive by
+                        // `handoff` for as long as this view; `SliceView` leaks the slice
+                        // instead of freeing it. Event tracking is off in this context, so
+                        // neither making nor leaking it makes a CUDA call.
+                        let slice =
+                            unsafe { stream.upgrade_device_ptr::<T>(self.ptr, handoff.num_elements()) };
+                        SliceView(ManuallyDrop::new(slice))
+                    })
+                    .0
+            }
         }
     }
 
@@ -113,15 +144,15 @@ impl<T> CudaTensor<T> {
     /// in your kernels if the hand-off was not read-only).
     pub fn slice_mut(&mut self) -> Option<&mut CudaSlice<T>> {
         match &mut self.storage {
-            Storage::Owned(s) => Some(s),
-            Storage::Imported(_) => None,
+            Storage::Owned { slice, .. } => Some(slice),
+            Storage::Imported { .. } => None,
         }
     }
 
     /// The owned slice back, or the tensor itself when it is an imported view.
     pub fn into_slice(self) -> std::result::Result<CudaSlice<T>, Box<CudaTensor<T>>> {
         match self.storage {
-            Storage::Owned(s) => Ok(s),
+            Storage::Owned { slice, .. } => Ok(slice),
             storage => Err(Box::new(CudaTensor { storage, ..self })),
         }
     }
@@ -165,27 +196,45 @@ impl<T> CudaTensor<T> {
 
     /// The extent of each dimension.
     pub fn shape(&self) -> &[i64] {
-        &self.shape
+        match &self.storage {
+            Storage::Owned { shape, .. } => shape,
+            Storage::Imported { handoff, .. } => handoff.shape(),
+        }
     }
 
     /// The strides in elements.
     pub fn strides(&self) -> &[i64] {
-        &self.strides
+        match &self.storage {
+            Storage::Owned { strides, .. } => strides,
+            Storage::Imported { handoff, .. } => handoff.strides(),
+        }
     }
 
     /// The number of elements.
     pub fn num_elements(&self) -> usize {
-        self.shape.iter().map(|&d| d as usize).product()
+        self.shape().iter().map(|&d| d as usize).product()
     }
 
     /// Whether this is a view of another owner's memory.
     pub fn is_imported(&self) -> bool {
-        matches!(self.storage, Storage::Imported(_))
+        matches!(self.storage, Storage::Imported { .. })
     }
 
     /// Whether the producer asked consumers not to write (imported views only).
     pub fn is_read_only(&self) -> bool {
-        self.read_only
+        match &self.storage {
+            Storage::Owned { .. } => false,
+            Storage::Imported { handoff, .. } => handoff.is_read_only(),
+        }
+    }
+
+    /// The stream the memory goes back after: where cudarc frees an owned slice,
+    /// the hand-off's consumer stream for an imported view.
+    fn release(&self) -> &Stream {
+        match &self.storage {
+            Storage::Owned { release, .. } => release,
+            Storage::Imported { handoff, .. } => handoff.consumer_stream(),
+        }
     }
 }
 
@@ -194,8 +243,8 @@ impl<T> std::fmt::Debug for CudaTensor<T> {
         f.debug_struct("CudaTensor")
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("stream", &self.stream)
-            .field("shape", &self.shape)
-            .field("strides", &self.strides)
+            .field("shape", &self.shape())
+            .field("strides", &self.strides())
             .field("imported", &self.is_imported())
             .finish()
     }
@@ -209,7 +258,13 @@ impl<T> StreamOrdered for CudaTensor<T> {
         Some(self.stream.clone())
     }
     fn release_stream(&self) -> Option<Stream> {
-        Some(self.release.clone())
+        Some(self.release().clone())
+    }
+    fn releases_on(&self, consumer: &Stream) -> bool {
+        self.release() == consumer
+    }
+    fn ready_on(&self, consumer: &Stream) -> Result<Ready> {
+        order(Some(&self.stream), consumer)
     }
 }
 
@@ -219,10 +274,10 @@ impl<T: DlpackElement + 'static> Export for CudaTensor<T> {
             self.ptr as usize as *mut std::ffi::c_void,
             Device::Cuda(self.ordinal),
             T::DTYPE,
-            &self.shape[..],
+            self.shape(),
         )
-        .with_strides(&self.strides[..]);
-        desc.read_only = self.read_only;
+        .with_strides(self.strides());
+        desc.read_only = self.is_read_only();
         Ok(desc)
     }
 }
@@ -230,13 +285,14 @@ impl<T: DlpackElement + 'static> Export for CudaTensor<T> {
 impl<T: DlpackElement> Import for CudaTensor<T> {
     /// Views the hand-off's memory (compact tensors of element type `T` on a CUDA
     /// device, made ready on a CUDA stream of that device) without a copy and without
-    /// a CUDA call.
+    /// a CUDA call. The hand-off was validated when it was made, so the view keeps it
+    /// as it is: nothing is copied or checked twice.
     fn from_handoff(handoff: Handoff) -> Result<CudaTensor<T>> {
         let Device::Cuda(ordinal) = handoff.device() else {
             return refuse(format!("a CudaTensor views CUDA memory, not {} memory", handoff.device()));
         };
-        let consumer = handoff.consumer_stream().clone();
-        let Some((stream_ordinal, raw)) = cuda::raw_stream(&consumer) else {
+        let consumer = handoff.consumer_stream();
+        let Some((stream_ordinal, _)) = cuda::raw_stream(consumer) else {
             return refuse(format!("the consumer stream {consumer:?} is not a CUDA stream"));
         };
         if stream_ordinal != ordinal {
@@ -245,45 +301,26 @@ impl<T: DlpackElement> Import for CudaTensor<T> {
         if handoff.dtype() != T::DTYPE {
             return refuse(format!(
                 "dtype is {}, but this CudaTensor holds {}",
-                handoff_runtime::dtype::name(handoff.dtype()),
-                handoff_runtime::dtype::name(T::DTYPE)
+                dtype_name(handoff.dtype()),
+                dtype_name(T::DTYPE)
             ));
         }
         if !handoff.is_contiguous() {
             return refuse(format!(
                 "strides {:?} of shape {:?} are not compact: imports are compact views \
-                 (dlpark's ManagedCudaSlice); make the producer export a compact tensor",
+                 (a cudarc slice); make the producer export a compact tensor",
                 handoff.strides(),
                 handoff.shape()
             ));
         }
-        let (shape, strides, read_only) =
-            (handoff.shape().to_vec(), handoff.strides().to_vec(), handoff.is_read_only());
+        let ctx = context_ref(ordinal)?;
         let ptr = handoff.data_ptr() as usize as u64;
-        let ctx = context(ordinal)?;
-        // SAFETY: `raw` is a stream of this device's primary context (a CUDA stream of
-        // the runtime), kept alive by its owner as the runtime's Stream requires; the
-        // wrapper is borrowed and never destroys it.
-        let cuda_stream = unsafe { ctx.wrap_borrowed_stream(raw as usize as sys::CUstream) };
-        // SAFETY: into_raw gives up an owned, valid, versioned managed tensor.
-        let managed = unsafe { Managed::from_raw(handoff.into_raw()) }
-            .or_else(|e| refuse(format!("the hand-off's DLPack tensor was refused: {e}")))?;
-        // SAFETY: the tensor was validated by the runtime and its data is ready on
-        // `cuda_stream` (the hand-off's consumer stream). The view's context has
-        // event tracking disabled, so making and dropping it makes no CUDA call, and
-        // it never frees the memory (ManagedCudaSlice leaks its slice on drop, then
-        // drops the managed tensor, whose deleter releases in stream order).
-        let view = unsafe { ManagedCudaSlice::try_from_dlpack(managed, CudaImport::ready_on(cuda_stream)) }
-            .or_else(|e| refuse(format!("dlpark refused the CUDA view: {e}")))?;
+        let stream = consumer.clone();
         Ok(CudaTensor {
-            storage: Storage::Imported(view),
+            storage: Storage::Imported { handoff, ctx, slice: OnceLock::new() },
             ptr,
             ordinal,
-            release: consumer.clone(),
-            stream: consumer,
-            shape,
-            strides,
-            read_only,
+            stream,
         })
     }
 }

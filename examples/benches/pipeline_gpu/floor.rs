@@ -243,3 +243,55 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
 fn torch_stream_raw(s: &handoff::Stream) -> u64 {
     handoff::cuda::raw_stream(s).map_or(0, |(_, raw)| raw)
 }
+
+/// The torch export of `h` to XLA's ready stream, step by step, as
+/// `handoff_torch::export` takes it (medians of `samples`, µs, in the order taken):
+/// where the export's time above its floor goes.
+pub fn torch_export_steps(
+    p: &Pipeline,
+    h: &Tensor,
+    samples: usize,
+) -> Result<Vec<(&'static str, f64)>, PipelineError> {
+    use handoff::{Device, Handoff, Ready, Release, TensorDesc};
+    let ready = p.xla_kernel().ready_stream();
+    let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
+    let probe = handoff_torch::export(h, ready)?;
+    let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
+    drop(probe);
+    let mut d: [Vec<Duration>; 7] = std::array::from_fn(|_| Vec::with_capacity(samples));
+    for i in 0..samples {
+        let [clone, describe, stream, order, record, wrap, release] = &mut d;
+        let c = timed(clone, || h.shallow_clone());
+        timed(describe, || handoff_torch::check(&c)).map_err(shim)?;
+        let torch_stream = timed(stream, || handoff_torch::current_stream(Device::Cuda(0)))?;
+        timed(order, || handoff::order(torch_stream.as_ref(), ready))?;
+        timed(record, || torch_floor::record_stream(&c, 0, ready_raw)).map_err(shim)?;
+        let ptr = torch_floor::describe(&c).map_err(shim)?;
+        let handoff = timed(wrap, || {
+            Handoff::with_keep_alive(
+                c,
+                |_| {
+                    Ok(TensorDesc::new(ptr, Device::Cuda(0), dtype, shape.clone())
+                        .with_strides(strides.clone()))
+                },
+                ready,
+                Ready::Waited,
+                Release::Immediately,
+            )
+        })?;
+        timed(release, || drop(handoff));
+        if i % 1024 == 1023 {
+            p.synchronize();
+        }
+    }
+    let names = [
+        "shallow clone",
+        "describe",
+        "current stream",
+        "order",
+        "recordStream",
+        "DLPack hand-off",
+        "release",
+    ];
+    Ok(names.into_iter().zip(d.iter_mut()).map(|(n, v)| (n, model::median_us(v))).collect())
+}

@@ -107,6 +107,35 @@ impl CudaBackend {
 }
 
 /// Pops the context [`CudaBackend::enter`] pushed, if it pushed one.
+impl CudaBackend {
+    /// `cuEventRecord`, with the device's context current.
+    fn record_here(&self, event: RawEvent, stream: RawStream) -> Result<()> {
+        count_calls(1);
+        // SAFETY: `event` comes from this device's pool; `stream` is a stream of this
+        // device's primary context (or a special handle), borrowed from its owner.
+        check(unsafe { sys::cuEventRecord(ev(event), st(stream)) }).map_err(|e| {
+            backend_error(
+                "cuEventRecord",
+                e,
+                format_args!("event {event:#x} on stream {}", describe(self.ordinal, stream)),
+            )
+        })
+    }
+
+    /// `cuStreamWaitEvent`, with the device's context current.
+    fn wait_here(&self, stream: RawStream, event: RawEvent) -> Result<()> {
+        count_calls(1);
+        // SAFETY: as in `record_here`; the wait is enqueued, the host does not block.
+        check(unsafe { sys::cuStreamWaitEvent(st(stream), ev(event), 0) }).map_err(|e| {
+            backend_error(
+                "cuStreamWaitEvent",
+                e,
+                format_args!("stream {} waiting for event {event:#x}", describe(self.ordinal, stream)),
+            )
+        })
+    }
+}
+
 pub(crate) struct CtxGuard {
     pushed: bool,
 }
@@ -172,29 +201,29 @@ impl Backend for CudaBackend {
 
     fn record(&self, event: RawEvent, stream: RawStream) -> Result<()> {
         let _ctx = self.enter()?;
-        count_calls(1);
-        // SAFETY: `event` comes from this device's pool; `stream` is a stream of this
-        // device's primary context (or a special handle), borrowed from its owner.
-        check(unsafe { sys::cuEventRecord(ev(event), st(stream)) }).map_err(|e| {
-            backend_error(
-                "cuEventRecord",
-                e,
-                format_args!("event {event:#x} on stream {}", describe(self.ordinal, stream)),
-            )
-        })
+        self.record_here(event, stream)
     }
 
     fn wait(&self, stream: RawStream, event: RawEvent) -> Result<()> {
         let _ctx = self.enter()?;
-        count_calls(1);
-        // SAFETY: as in `record`; the wait is enqueued, the host does not block.
-        check(unsafe { sys::cuStreamWaitEvent(st(stream), ev(event), 0) }).map_err(|e| {
-            backend_error(
-                "cuStreamWaitEvent",
-                e,
-                format_args!("stream {} waiting for event {event:#x}", describe(self.ordinal, stream)),
-            )
-        })
+        self.wait_here(stream, event)
+    }
+
+    fn record_and_wait(
+        &self,
+        event: RawEvent,
+        producer: RawStream,
+        consumer: RawStream,
+    ) -> (bool, Result<()>) {
+        // One context check for both calls.
+        let _ctx = match self.enter() {
+            Ok(g) => g,
+            Err(e) => return (false, Err(e)),
+        };
+        match self.record_here(event, producer) {
+            Ok(()) => (true, self.wait_here(consumer, event)),
+            Err(e) => (false, Err(e)),
+        }
     }
 
     fn query(&self, event: RawEvent) -> Result<bool> {

@@ -95,25 +95,18 @@ pub(crate) fn backend_error(call: &'static str, e: DriverError, what: std::fmt::
     Error::Backend { backend: "cuda", call, message: format!("{e} ({what})") }
 }
 
-static CALLS: crate::stats::Sharded<1> = crate::stats::Sharded::new();
-
-thread_local! {
-    static LOCAL_CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
 #[inline]
 pub(crate) fn count_calls(n: u64) {
-    CALLS.add(0, n);
-    let _ = LOCAL_CALLS.try_with(|c| c.set(c.get() + n));
+    crate::stats::add(crate::stats::DRIVER_CALLS, n);
 }
 
 /// How many CUDA driver calls the backend has made on the calling thread (context
 /// queries and switches included). Tests use it to prove that a hand-off made none.
 pub fn driver_calls() -> u64 {
-    LOCAL_CALLS.try_with(|c| c.get()).unwrap_or(0)
+    crate::stats::of_this_thread(crate::stats::DRIVER_CALLS)
 }
 
 /// How many CUDA driver calls the backend has made in the whole process.
 pub fn driver_calls_total() -> u64 {
-    CALLS.get(0)
+    crate::stats::total(crate::stats::DRIVER_CALLS)
 }

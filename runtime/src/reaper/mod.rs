@@ -59,6 +59,16 @@ use std::time::{Duration, Instant};
 /// is left (see the [module docs](self)).
 pub const EXIT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long the background thread goes on polling after the queue emptied before it
+/// waits to be woken: releases that come while it polls wake nobody (no system call
+/// on the releasing thread), so a program that releases steadily never pays for a
+/// wake-up, and an idle one costs no wake-ups once this has passed.
+const LINGER: Duration = Duration::from_millis(200);
+
+/// The longest the background thread sleeps between two sweeps: how much later than
+/// its event a release may happen while the thread polls.
+const MAX_POLL: Duration = Duration::from_micros(500);
+
 type KeepAlive = Box<dyn Send>;
 /// A stream's backend, raw handle, and for a thread-relative handle (CUDA's
 /// per-thread default stream) its thread: two threads' such streams are different
@@ -88,6 +98,10 @@ struct Queue {
     lanes: HashMap<StreamKey, Lane>,
     next_batch: BatchId,
     shutdown: bool,
+    /// The background thread waits on `wake` (it found nothing queued for
+    /// [`LINGER`]): the next release wakes it. Otherwise it polls and finds releases
+    /// by itself, and a release makes no system call.
+    parked: bool,
 }
 
 impl Queue {
@@ -219,14 +233,14 @@ pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
 /// newer keep-alive once the older event completed). Recording never blocks.
 fn defer<K: Send + 'static>(stream: &Stream, keep_alive: K) -> Result<(), (crate::Error, K)> {
     let r = reaper();
-    let was_idle = {
+    let parked = {
         let mut q = lock(r);
         let event = match stream.record() {
             Ok(event) => event,
             Err(e) => return Err((e, keep_alive)),
         };
         stats::count(Counter::ReleasesDeferred, 1);
-        let was_idle = !q.has_queued();
+        let parked = std::mem::take(&mut q.parked);
         let lane = q.lanes.entry(stream_key(stream)).or_insert_with(|| Lane {
             stream: stream.clone(),
             queued: VecDeque::new(),
@@ -234,12 +248,11 @@ fn defer<K: Send + 'static>(stream: &Stream, keep_alive: K) -> Result<(), (crate
         });
         lane.queued.push_back(Pending { event, keep_alive: Box::new(keep_alive) });
         r.pending.fetch_add(1, Ordering::Relaxed);
-        was_idle
+        parked
     };
-    // The background thread waits for a wake-up only when nothing is queued (it checks
-    // under the lock); otherwise it is polling and will find this release. Waking it
-    // only then saves a system call on most releases.
-    if was_idle {
+    // The background thread parks under the lock, so it either saw this release
+    // before parking or said it parked; otherwise it is polling and will find it.
+    if parked {
         r.wake.notify_one();
     }
     Ok(())
@@ -281,20 +294,28 @@ fn query(event: &Event) -> Result<bool, String> {
 fn run() {
     let r = reaper();
     let mut backoff = Duration::from_micros(5);
+    let mut last_work = Instant::now();
     loop {
         {
             let mut q = lock(r);
-            while !q.has_queued() && !q.shutdown {
-                q = r.wake.wait(q).unwrap_or_else(|p| p.into_inner());
-            }
             if q.shutdown && !q.has_queued() {
                 return;
+            }
+            if !q.has_queued() && last_work.elapsed() >= LINGER {
+                q.parked = true;
+                while q.parked && !q.has_queued() && !q.shutdown {
+                    q = r.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+                q.parked = false;
+                last_work = Instant::now();
+                continue;
             }
         }
         if sweep(r) == 0 {
             std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_micros(500));
+            backoff = (backoff * 2).min(MAX_POLL);
         } else {
+            last_work = Instant::now();
             backoff = Duration::from_micros(5);
         }
     }

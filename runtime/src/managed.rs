@@ -1,0 +1,200 @@
+//! The DLPack tensor of a hand-off, made in one allocation: dlpark's managed tensor,
+//! its shape and strides, and its context (the producer's keep-alive and the stream
+//! it goes back after) in place behind them. One allocation and one free per
+//! hand-off, whatever the keep-alive.
+
+use crate::error::{Error, Result, ValidationError};
+use crate::reaper;
+use crate::stream::Stream;
+use crate::validate::{self, MAX_NDIM};
+use dlpark::allocation::dynamic::Allocation;
+use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
+use dlpark::{DlpackFlags, Managed, OpaqueContext};
+use std::ffi::c_void;
+use std::ptr::NonNull;
+
+/// The DLPack context of a hand-off: the producer's keep-alive, and the stream after
+/// whose queued work it may go (`None`: at once).
+pub(crate) struct Owner<K: Send + 'static> {
+    pub keep_alive: Option<K>,
+    pub release_after: Option<Stream>,
+}
+
+impl<K: Send + 'static> Drop for Owner<K> {
+    fn drop(&mut self) {
+        if let Some(k) = self.keep_alive.take() {
+            reaper::release_after(self.release_after.as_ref(), k);
+        }
+    }
+}
+
+/// An [`Owner`] that lives inside the managed tensor's allocation: dlpark's deleter
+/// drops the context first, then frees the allocation, so the owner is dropped in
+/// place and never freed on its own.
+struct InPlace<K: Send + 'static>(NonNull<Owner<K>>);
+
+// SAFETY: `drop_raw` drops the owner in place, once (dlpark's deleter calls it once,
+// before it frees the allocation that holds the owner); `Owner<K>` is `Send`, so any
+// thread may drop it, and its drop does not unwind (the reaper catches a keep-alive's
+// panic).
+unsafe impl<K: Send + 'static> OpaqueContext for InPlace<K> {
+    fn into_raw(self) -> *mut c_void {
+        self.0.as_ptr().cast()
+    }
+
+    unsafe fn drop_raw(raw: *mut c_void) {
+        if !raw.is_null() {
+            // SAFETY: `raw` is the owner `build` wrote, not dropped yet (above).
+            unsafe { std::ptr::drop_in_place(raw.cast::<Owner<K>>()) }
+        }
+    }
+}
+
+/// What a hand-off's DLPack tensor says of its memory.
+pub(crate) struct Parts<'a> {
+    pub data: *mut c_void,
+    pub device: DLDevice,
+    pub dtype: DLDataType,
+    pub shape: &'a [i64],
+    /// `None`, or strides that are compact, for compact memory: it then carries
+    /// canonical compact strides (size-1 dimensions' strides rewritten), so that
+    /// consumers comparing strides exactly accept it.
+    pub strides: Option<&'a [i64]>,
+    pub byte_offset: u64,
+    pub flags: DlpackFlags,
+}
+
+/// A managed tensor's allocation with its shape and strides written, waiting for its
+/// owner: what [`prepare`] checked and laid out while the description is borrowed
+/// (from the keep-alive itself), before the keep-alive moves into it.
+pub(crate) struct Prepared<K> {
+    allocation: Allocation<DLManagedTensorVersioned>,
+    ndim: usize,
+    data: *mut c_void,
+    device: DLDevice,
+    dtype: DLDataType,
+    byte_offset: u64,
+    flags: DlpackFlags,
+    owner: std::marker::PhantomData<fn(K)>,
+}
+
+/// Checks `parts` and lays them out in one allocation that has room for an
+/// [`Owner<K>`] too. Dropping the result frees it.
+pub(crate) fn prepare<K: Send + 'static>(parts: &Parts<'_>) -> Result<Prepared<K>> {
+    let strides = dims(parts)?;
+    let ndim = parts.shape.len();
+    let mut allocation = Allocation::<DLManagedTensorVersioned>::allocate(2 * ndim + owner_words::<K>())
+        .map_err(|_| ValidationError::ShapeOverflow { shape: parts.shape.to_vec() })?;
+    let extra = allocation.extra_mut();
+    let (shape, rest) = extra.split_at_mut(ndim);
+    shape.copy_from_slice(parts.shape);
+    match strides {
+        Strides::Given(given) => rest[..ndim].copy_from_slice(given),
+        Strides::Compact => compact_into(parts.shape, &mut rest[..ndim]),
+    }
+    Ok(Prepared {
+        allocation,
+        ndim,
+        data: parts.data,
+        device: parts.device,
+        dtype: parts.dtype,
+        byte_offset: parts.byte_offset,
+        flags: parts.flags,
+        owner: std::marker::PhantomData,
+    })
+}
+
+/// The 8-byte words an `Owner<K>` takes after the shape and strides, with room to
+/// align it (those words are 8-aligned).
+const fn owner_words<K: Send + 'static>() -> usize {
+    let align = align_of::<Owner<K>>();
+    (size_of::<Owner<K>>() + align.saturating_sub(8)).div_ceil(8)
+}
+
+impl<K: Send + 'static> Prepared<K> {
+    /// Puts `owner` in place and finishes the managed tensor, whose deleter drops the
+    /// owner (so releases the keep-alive) and frees the allocation. On error (none
+    /// can happen: the rank was checked) nothing is built and the keep-alive is
+    /// given back, never seen by a consumer.
+    pub(crate) fn finish(
+        self,
+        mut owner: Owner<K>,
+    ) -> std::result::Result<Managed<DLManagedTensorVersioned>, (Error, Option<K>)> {
+        let Prepared { mut allocation, ndim, data, device, dtype, byte_offset, flags, .. } = self;
+        let at = allocation.extra_mut()[2 * ndim..].as_mut_ptr() as *mut u8;
+        let owner_at = at.wrapping_add(at.align_offset(align_of::<Owner<K>>())) as *mut Owner<K>;
+        // SAFETY: `owner_at` is aligned and inside the allocation (`owner_words` left
+        // room for the alignment); not written yet.
+        let context = InPlace(unsafe { NonNull::new_unchecked(owner_at) });
+        // The owner is written only once this succeeded, so nothing is lost if it fails.
+        let mut init = match allocation.initialize(context, ndim) {
+            Ok(init) => init,
+            Err(_) => {
+                let e =
+                    ValidationError::TooManyDims { ndim: ndim.min(i32::MAX as usize) as i32, max: MAX_NDIM };
+                return Err((e.into(), owner.keep_alive.take()));
+            }
+        };
+        // SAFETY: as above. The deleter drops it; nothing between here and `finish`
+        // can fail.
+        unsafe { owner_at.write(owner) };
+        let extra = init.extra_mut().as_mut_ptr();
+        let t = init.tensor_mut();
+        t.shape = extra;
+        // The strides follow the shape's `ndim` values in the same allocation; a
+        // scalar has none (null, as dlpark leaves them).
+        t.strides = if ndim == 0 { std::ptr::null_mut() } else { extra.wrapping_add(ndim) };
+        init.set_data(data).set_device(device).set_dtype(dtype).set_byte_offset(byte_offset);
+        // SAFETY: the flags are the producer's (IS_COPIED only when the memory is a
+        // copy owned by this hand-off alone, as `TensorDesc::is_copied` requires).
+        unsafe { init.set_flags_unchecked(flags) };
+        // SAFETY: data, device and dtype describe memory the owner keeps alive until
+        // the deleter runs; shape and strides are in the allocation itself.
+        Ok(unsafe { init.finish() })
+    }
+}
+
+enum Strides<'a> {
+    Given(&'a [i64]),
+    Compact,
+}
+
+/// Checks the dimensions before anything is allocated, and picks the strides.
+fn dims<'a>(parts: &Parts<'a>) -> Result<Strides<'a>> {
+    let shape = parts.shape;
+    if shape.len() > MAX_NDIM as usize {
+        return Err(ValidationError::TooManyDims {
+            ndim: shape.len().min(i32::MAX as usize) as i32,
+            max: MAX_NDIM,
+        }
+        .into());
+    }
+    if let Some((axis, &value)) = shape.iter().enumerate().find(|(_, d)| **d < 0) {
+        return Err(ValidationError::NegativeDimension { axis, value }.into());
+    }
+    match parts.strides {
+        Some(s) if s.len() != shape.len() => Err(Error::Adapter {
+            adapter: "export",
+            message: format!("shape has {} dimensions but strides has {}", shape.len(), s.len()),
+        }),
+        Some(s) if !validate::is_compact(shape, s) => Ok(Strides::Given(s)),
+        _ => {
+            // Compact strides of the whole shape must not overflow (dlpark's rule).
+            let fits = shape.iter().rev().try_fold(1i64, |stride, &d| stride.checked_mul(d)).is_some();
+            if fits {
+                Ok(Strides::Compact)
+            } else {
+                Err(ValidationError::ShapeOverflow { shape: shape.to_vec() }.into())
+            }
+        }
+    }
+}
+
+/// Writes compact row-major strides of `shape` (checked not to overflow).
+fn compact_into(shape: &[i64], strides: &mut [i64]) {
+    let mut stride = 1i64;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = stride;
+        stride = stride.wrapping_mul(d);
+    }
+}
