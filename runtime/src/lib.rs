@@ -29,6 +29,7 @@
 pub mod cuda;
 mod derive_support;
 mod device;
+mod dims;
 pub mod dtype;
 mod error;
 mod handoff;
@@ -44,6 +45,7 @@ mod transfer;
 mod validate;
 
 pub use device::Device;
+pub use dims::Dims;
 pub use error::{Error, Result, ValidationError};
 pub use handoff::{Export, Handoff, Import, Release, TensorDesc};
 pub use ordered::{Ready, StreamOrdered, order};

@@ -3,12 +3,33 @@
 
 use crate::error::TorchError;
 use crate::{dtype, ffi};
-use handoff_runtime::{Device, MAX_NDIM, TensorDesc};
+use handoff_runtime::dtype::DataType;
+use handoff_runtime::{Device, Dims, MAX_NDIM, TensorDesc};
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
+/// What an export needs of a tensor, read once: its shape and strides kept inline
+/// (no allocation up to rank 8).
+pub(crate) struct Described {
+    pub data: *mut c_void,
+    pub device: Device,
+    pub dtype: DataType,
+    pub shape: Dims,
+    pub strides: Dims,
+}
+
+// SAFETY: a description only: `data` is an address, never dereferenced through it.
+unsafe impl Send for Described {}
+
+impl Described {
+    /// The description, borrowing the shape and strides.
+    pub fn desc(&self) -> TensorDesc<'_> {
+        TensorDesc::new(self.data, self.device, self.dtype, &self.shape[..]).with_strides(&self.strides[..])
+    }
+}
+
 /// Reads and checks everything an export needs; refuses what DLPack cannot describe.
-pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<TensorDesc<'static>, TorchError> {
+pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Described, TorchError> {
     let mut dims = [MaybeUninit::<i64>::uninit(); 2 * MAX_NDIM as usize];
     let facts = read_facts(tensor, false, &mut dims)?;
     let (shape, strides) = dims.split_at(MAX_NDIM as usize);
@@ -31,7 +52,7 @@ pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Tenso
     // SAFETY: the shim wrote `ndim` (<= MAX_NDIM) values to each buffer.
     let (shape, strides) = unsafe { (init(&shape[..ndim]), init(&strides[..ndim])) };
     if facts.requires_grad != 0 {
-        return Err(TorchError::RequiresGrad { shape });
+        return Err(TorchError::RequiresGrad { shape: shape.to_vec() });
     }
     if facts.is_conj != 0 {
         return Err(TorchError::Conjugate);
@@ -39,16 +60,16 @@ pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Tenso
     if facts.is_neg != 0 {
         return Err(TorchError::Negative);
     }
-    Ok(TensorDesc::new(facts.data, device, dtype, shape).with_strides(strides))
+    Ok(Described { data: facts.data, device, dtype, shape, strides })
 }
 
 /// The values of a written buffer.
 ///
 /// # Safety
 /// Every value of `written` must have been initialized.
-unsafe fn init(written: &[MaybeUninit<i64>]) -> Vec<i64> {
+unsafe fn init(written: &[MaybeUninit<i64>]) -> Dims {
     // SAFETY: forwarded from the caller; `MaybeUninit<i64>` has `i64`'s layout.
-    unsafe { std::slice::from_raw_parts(written.as_ptr() as *const i64, written.len()) }.to_vec()
+    Dims::from(unsafe { std::slice::from_raw_parts(written.as_ptr() as *const i64, written.len()) })
 }
 
 /// Why a tensor whose layout, dtype or device DLPack cannot carry is refused, with

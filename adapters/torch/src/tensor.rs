@@ -2,7 +2,7 @@
 //! the consumer works on another stream; and [`CurrentStream`], which lets generic
 //! code take and return plain `tch::Tensor`s.
 
-use crate::describe::describe_tensor;
+use crate::describe::{Described, describe_tensor};
 use crate::error::TorchError;
 use crate::import::{ImportOptions, import, view};
 use crate::{current_stream, init};
@@ -28,8 +28,8 @@ pub struct TorchTensor {
     device: Device,
     stream: Option<Stream>,
     /// The description read when wrapping, for an export that follows at once (so
-    /// the tensor is described once per export); taken by the first `describe`.
-    described: std::cell::Cell<Option<TensorDesc<'static>>>,
+    /// the tensor is described once per export).
+    described: Option<Described>,
     /// Consumers must not write: it came from a `READ_ONLY` hand-off, and its
     /// exports say so too.
     read_only: bool,
@@ -40,7 +40,7 @@ impl TorchTensor {
     /// (read now). Fails for tensors that cannot be exported ([`check`](crate::check)).
     pub fn new(tensor: tch::Tensor) -> Result<TorchTensor> {
         let mut t = TorchTensor::for_export(tensor)?;
-        t.described = Default::default();
+        t.described = None;
         Ok(t)
     }
 
@@ -51,7 +51,7 @@ impl TorchTensor {
         let described = describe_tensor(&tensor)?;
         let device = described.device;
         let stream = current_stream(device)?;
-        Ok(TorchTensor { tensor, device, stream, described: Some(described).into(), read_only: false })
+        Ok(TorchTensor { tensor, device, stream, described: Some(described), read_only: false })
     }
 
     /// Wraps `tensor`, whose pending work is on `stream` (a stream of its device).
@@ -62,7 +62,7 @@ impl TorchTensor {
             return Err(TorchError::StreamDevice { stream: format!("{stream:?}"), device }.into());
         }
         let stream = if stream.is_host() { None } else { Some(stream) };
-        Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only: false })
+        Ok(TorchTensor { tensor, device, stream, described: None, read_only: false })
     }
 
     /// Views a hand-off with options, keeping its `READ_ONLY` flag (with
@@ -84,7 +84,7 @@ impl TorchTensor {
         handoff_runtime::__private::counted_import();
         let (device, read_only) = (handoff.device(), handoff.is_read_only());
         let (tensor, stream) = view(handoff, options)?;
-        Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only })
+        Ok(TorchTensor { tensor, device, stream, described: None, read_only })
     }
 
     /// Whether consumers must not write (it came from a `READ_ONLY` hand-off).
@@ -131,9 +131,13 @@ impl StreamOrdered for TorchTensor {
 
 impl Export for TorchTensor {
     fn describe(&self) -> Result<TensorDesc<'_>> {
-        let mut desc = match self.described.take() {
-            Some(d) => d,
-            None => describe_tensor(&self.tensor)?,
+        let mut desc = match &self.described {
+            Some(d) => d.desc(),
+            None => {
+                let d = describe_tensor(&self.tensor)?;
+                let (shape, strides) = (d.shape.to_vec(), d.strides.to_vec());
+                TensorDesc::new(d.data, d.device, d.dtype, shape).with_strides(strides)
+            }
         };
         desc.read_only = self.read_only;
         Ok(desc)
@@ -203,7 +207,7 @@ impl Import for TorchTensor {
     fn from_handoff(handoff: Handoff) -> Result<TorchTensor> {
         let device = handoff.device();
         let (tensor, stream) = view(handoff, &ImportOptions::new())?;
-        Ok(TorchTensor { tensor, device, stream, described: Default::default(), read_only: false })
+        Ok(TorchTensor { tensor, device, stream, described: None, read_only: false })
     }
 }
 

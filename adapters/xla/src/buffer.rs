@@ -8,7 +8,6 @@ use crate::sys;
 use handoff_runtime::dtype::{DataType, Element};
 use handoff_runtime::stats;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A PJRT event, destroyed on drop.
 pub struct PjrtEvent {
@@ -63,13 +62,24 @@ impl Drop for PjrtEvent {
 
 /// Whether a view's foreign memory has been given back by PJRT (its
 /// `on_delete_callback` ran and the owner was released).
-#[derive(Clone, Debug, Default)]
-pub struct ViewWatch(pub(crate) Arc<AtomicBool>);
+#[derive(Clone)]
+pub struct ViewWatch(pub(crate) Arc<dyn Released>);
+
+/// What a [`ViewWatch`] asks of the view's owner.
+pub(crate) trait Released: Send + Sync {
+    fn is_released(&self) -> bool;
+}
 
 impl ViewWatch {
     /// Whether PJRT has called `on_delete_callback` and the owner was released.
     pub fn is_released(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.is_released()
+    }
+}
+
+impl std::fmt::Debug for ViewWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewWatch").field("released", &self.is_released()).finish()
     }
 }
 
@@ -78,7 +88,7 @@ pub(crate) struct BufferInner {
     pub(crate) raw: *mut sys::PJRT_Buffer,
     pub(crate) device: usize,
     pub(crate) dtype: DataType,
-    pub(crate) shape: Vec<i64>,
+    pub(crate) shape: handoff_runtime::Dims,
     pub(crate) copied: bool,
     pub(crate) view: Option<ViewWatch>,
     /// Serializes the external-reference count changes of this buffer: the C API
@@ -159,7 +169,7 @@ impl Buffer {
         match info() {
             Ok((dtype, shape, device)) => {
                 // SAFETY: forwarded from the caller; the parts were just asked of PJRT.
-                Ok(unsafe { Buffer::from_parts(client, raw, dtype, shape, device, copied, view) })
+                Ok(unsafe { Buffer::from_parts(client, raw, dtype, &shape, device, copied, view) })
             }
             Err(e) => {
                 // SAFETY: owned, destroyed once on this error path.
@@ -180,7 +190,7 @@ impl Buffer {
         client: &Arc<ClientInner>,
         raw: *mut sys::PJRT_Buffer,
         dtype: DataType,
-        shape: Vec<i64>,
+        shape: &[i64],
         device: usize,
         copied: bool,
         view: Option<ViewWatch>,
@@ -191,7 +201,7 @@ impl Buffer {
                 raw,
                 device,
                 dtype,
-                shape,
+                shape: shape.into(),
                 copied,
                 view,
                 external_refs: std::sync::Mutex::new(()),
@@ -379,7 +389,6 @@ unsafe fn upload(
     let done = unsafe { PjrtEvent::from_raw(api, done) };
     // SAFETY: an owned, live buffer of this client, just made with this dtype, shape
     // and device.
-    let buffer =
-        unsafe { Buffer::from_parts(&client.inner, raw, dtype, shape.to_vec(), device.index, false, None) };
+    let buffer = unsafe { Buffer::from_parts(&client.inner, raw, dtype, shape, device.index, false, None) };
     Ok((buffer, done))
 }

@@ -32,6 +32,21 @@ impl ClientInner {
     pub(crate) fn api(&self) -> Api {
         self.plugin.api()
     }
+
+    /// The ordinal of device `index` (`local_hardware_id`: the CUDA device number; on
+    /// CPU the device index).
+    pub(crate) fn ordinal(&self, index: usize) -> u32 {
+        u32::try_from(self.devices[index].hardware_id).unwrap_or(index as u32)
+    }
+
+    /// The handoff device the memory of device `index` is on.
+    pub(crate) fn handoff_device(&self, index: usize) -> handoff_runtime::Device {
+        if self.plugin.is_gpu() {
+            handoff_runtime::Device::Cuda(self.ordinal(index))
+        } else {
+            handoff_runtime::Device::Host
+        }
+    }
 }
 
 impl Drop for ClientInner {
@@ -162,6 +177,10 @@ impl Client {
 
     /// The addressable device at `index`.
     pub fn device(&self, index: usize) -> Result<XlaDevice> {
+        Ok(XlaDevice { client: self.inner.clone(), index: self.checked_index(index)? })
+    }
+
+    fn checked_index(&self, index: usize) -> Result<usize> {
         if index >= self.inner.devices.len() {
             return Err(XlaError::invalid(
                 "device index",
@@ -169,19 +188,22 @@ impl Client {
                 format!("the client has {} addressable devices", self.inner.devices.len()),
             ));
         }
-        Ok(XlaDevice { client: self.inner.clone(), index })
+        Ok(index)
     }
 
     /// The device with this ordinal (CUDA device number; CPU device index).
     pub fn device_by_ordinal(&self, ordinal: u32) -> Result<XlaDevice> {
-        let i = self.inner.devices.iter().position(|d| d.hardware_id == ordinal as i32).ok_or_else(|| {
+        Ok(XlaDevice { client: self.inner.clone(), index: self.index_of_ordinal(ordinal)? })
+    }
+
+    fn index_of_ordinal(&self, ordinal: u32) -> Result<usize> {
+        self.inner.devices.iter().position(|d| d.hardware_id == ordinal as i32).ok_or_else(|| {
             XlaError::invalid(
                 "device ordinal",
                 ordinal,
                 format!("the {} client has no such device", self.platform()),
             )
-        })?;
-        Ok(XlaDevice { client: self.inner.clone(), index: i })
+        })
     }
 
     /// The device a hand-off of `memory` is viewed on: `index` when given, else the
@@ -191,10 +213,20 @@ impl Client {
         memory: handoff_runtime::Device,
         index: Option<usize>,
     ) -> Result<XlaDevice> {
-        let device = match (memory, index) {
-            (_, Some(i)) => self.device(i)?,
-            (handoff_runtime::Device::Host, None) => self.device(0)?,
-            (handoff_runtime::Device::Cuda(n), None) => self.device_by_ordinal(n)?,
+        Ok(XlaDevice { client: self.inner.clone(), index: self.device_index_for(memory, index)? })
+    }
+
+    /// [`device_for`](Self::device_for)'s index, for a caller that holds the client
+    /// (no new reference to it).
+    pub(crate) fn device_index_for(
+        &self,
+        memory: handoff_runtime::Device,
+        index: Option<usize>,
+    ) -> Result<usize> {
+        let i = match (memory, index) {
+            (_, Some(i)) => self.checked_index(i)?,
+            (handoff_runtime::Device::Host, None) => self.checked_index(0)?,
+            (handoff_runtime::Device::Cuda(n), None) => self.index_of_ordinal(n)?,
             (other, None) => {
                 return Err(XlaError::invalid(
                     "hand-off device",
@@ -203,11 +235,11 @@ impl Client {
                 ));
             }
         };
-        let want = device.handoff_device();
+        let want = self.inner.handoff_device(i);
         if memory != want {
             return Err(XlaError::from(handoff_runtime::Error::CrossDevice { from: memory, to: want }));
         }
-        Ok(device)
+        Ok(i)
     }
 
     /// Copies a host array to a new buffer on `device` (waits for the copy to be
@@ -298,7 +330,7 @@ impl XlaDevice {
     /// The device ordinal (`local_hardware_id`: the CUDA device number; on CPU the
     /// device index).
     pub fn ordinal(&self) -> u32 {
-        u32::try_from(self.info().hardware_id).unwrap_or(self.index as u32)
+        self.client.ordinal(self.index)
     }
 
     /// The device kind (`cpu`, `NVIDIA H200`).
@@ -308,11 +340,7 @@ impl XlaDevice {
 
     /// The handoff device its memory is on.
     pub fn handoff_device(&self) -> handoff_runtime::Device {
-        if self.client.plugin.is_gpu() {
-            handoff_runtime::Device::Cuda(self.ordinal())
-        } else {
-            handoff_runtime::Device::Host
-        }
+        self.client.handoff_device(self.index)
     }
 
     /// A handle to the client.

@@ -13,18 +13,20 @@
 //!   only if still pending. The external reference is given back only after the
 //!   consumer's stream work has completed (the reaper).
 
-use crate::buffer::{Buffer, ViewWatch};
+use crate::buffer::{Buffer, Released, ViewWatch};
 use crate::client::{Client, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::result;
 use handoff_runtime::dtype::DataType;
 use handoff_runtime::{
-    Export, Exportable, Handoff, ImportInto, Ready, Release, Stream, StreamOrdered, TensorDesc,
+    Dims, Export, Exportable, Handoff, ImportInto, Ready, Release, Stream, StreamOrdered, TensorDesc,
 };
+use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The alignment XLA's CPU client needs for a zero-copy view of host memory.
 pub const CPU_ALIGNMENT: usize = 64;
@@ -92,33 +94,45 @@ impl Drop for Aligned {
     }
 }
 
-/// What a view's `on_delete_callback` releases: the owner of the viewed memory, held
-/// inline (one allocation per view).
-struct OnDelete<K> {
-    keep_alive: K,
-    watch: ViewWatch,
+/// What a view's `on_delete_callback` releases, shared with the view's
+/// [`ViewWatch`]: the owner of the viewed memory and whether it was released, in one
+/// allocation per view.
+struct ViewOwner<K> {
+    /// Taken and dropped by the callback alone, once.
+    keep_alive: UnsafeCell<Option<K>>,
+    released: AtomicBool,
+}
+
+// SAFETY: `keep_alive` (a `Send` value) is only touched by the callback, once, on
+// whatever thread PJRT runs it; everyone else reads `released`, an atomic.
+unsafe impl<K: Send> Sync for ViewOwner<K> {}
+
+impl<K: Send> Released for ViewOwner<K> {
+    fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
 }
 
 /// PJRT's `on_delete_callback` of a view whose owner is a `K`: releases it. Runs on
 /// whatever thread PJRT deletes the buffer on; never unwinds.
-unsafe extern "C" fn on_delete<K>(_data: *mut c_void, user_arg: *mut c_void) {
+unsafe extern "C" fn on_delete<K: Send + 'static>(_data: *mut c_void, user_arg: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if user_arg.is_null() {
             return;
         }
-        // SAFETY: `user_arg` is the `Box<OnDelete<K>>` leaked by `view`, and PJRT
-        // calls this exactly once.
-        let ctx = unsafe { Box::from_raw(user_arg as *mut OnDelete<K>) };
-        let OnDelete { keep_alive, watch } = *ctx;
-        drop(keep_alive);
-        watch.0.store(true, Ordering::SeqCst);
+        // SAFETY: `user_arg` is the reference to the `ViewOwner<K>` that `view` gave
+        // PJRT, and PJRT calls this exactly once.
+        let owner = unsafe { Arc::from_raw(user_arg as *const ViewOwner<K>) };
+        // SAFETY: the callback alone touches `keep_alive`, and it runs once.
+        drop(unsafe { (*owner.keep_alive.get()).take() });
+        owner.released.store(true, Ordering::SeqCst);
     }));
 }
 
 /// [`Client::ready_stream`]: the stream XLA reads hand-offs on for `device`, asked of
 /// PJRT once per device and cached in the client.
 pub(crate) fn ready_stream(client: &Client, device: &XlaDevice) -> Result<Stream> {
-    let ready = cached_ready_stream(client, device)?;
+    let ready = cached_ready_stream(client, device.index)?;
     if ready.is_host() {
         return Ok(ready.clone());
     }
@@ -133,18 +147,18 @@ pub(crate) fn ready_stream(client: &Client, device: &XlaDevice) -> Result<Stream
 /// The cached ready stream of `device`, without an owner (the cache cannot hold the
 /// client: that would keep it alive forever): for use while the caller holds the
 /// client. The host stream when the plugin has no stream extension (CPU).
-fn cached_ready_stream<'c>(client: &'c Client, device: &XlaDevice) -> Result<&'c Stream> {
+fn cached_ready_stream(client: &Client, device: usize) -> Result<&Stream> {
     static HOST: std::sync::OnceLock<Stream> = std::sync::OnceLock::new();
     let Some(ext) = client.plugin().stream_extension() else { return Ok(HOST.get_or_init(Stream::host)) };
-    let cache = &client.inner.ready_streams[device.index];
+    let cache = &client.inner.ready_streams[device];
     if let Some(s) = cache.get() {
         return Ok(s);
     }
+    let raw_device = client.inner.devices[device].raw;
     // SAFETY: this plugin's stream extension and a live device.
-    let raw = unsafe {
-        result::stream::get_stream_for_external_ready_events(client.inner.api(), ext, device.raw())?
-    };
-    let stream = cuda_stream(device.ordinal(), raw as u64)?;
+    let raw =
+        unsafe { result::stream::get_stream_for_external_ready_events(client.inner.api(), ext, raw_device)? };
+    let stream = cuda_stream(client.inner.ordinal(device), raw as u64)?;
     Ok(cache.get_or_init(|| stream))
 }
 
@@ -172,12 +186,12 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
             "XLA views take compact row-major memory only; make the tensor contiguous first",
         ));
     }
-    let shape = handoff.shape().to_vec();
-    let device = client.device_for(handoff.device(), options.device)?;
+    let shape = Dims::from(handoff.shape());
+    let device = client.device_index_for(handoff.device(), options.device)?;
     let data = handoff.data_ptr();
     if client.is_gpu() {
         // The client is held for the whole import: no handle of the stream is made.
-        let ready = cached_ready_stream(client, &device)?;
+        let ready = cached_ready_stream(client, device)?;
         // The producer made the data ready on the hand-off's consumer stream: order
         // XLA's ready stream after it, unless the producer exported to it directly
         // (then it is already ordered, and `order` is not called a second time).
@@ -187,13 +201,13 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
         let raw = ready.raw() as isize;
         // SAFETY: the hand-off is validated device memory of `device`, compact, of
         // `shape` and `dtype`; it is kept alive until on_delete.
-        return unsafe { view(client, &device, data as *mut c_void, (dtype, t), shape, raw, handoff, false) };
+        return unsafe { view(client, device, data as *mut c_void, (dtype, t), &shape, raw, handoff, false) };
     }
     // Host memory for the CPU client: no device work to order.
     let misaligned = !(data as usize).is_multiple_of(CPU_ALIGNMENT);
     if !misaligned {
         // SAFETY: as above, for host memory; stream must be 0 on CPU.
-        return unsafe { view(client, &device, data as *mut c_void, (dtype, t), shape, 0, handoff, false) };
+        return unsafe { view(client, device, data as *mut c_void, (dtype, t), &shape, 0, handoff, false) };
     }
     if !options.allow_copy {
         return Err(XlaError::invalid(
@@ -211,7 +225,7 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
     drop(handoff);
     let ptr = copy.ptr as *mut c_void;
     // SAFETY: `copy` owns `num_bytes` aligned bytes holding the array.
-    unsafe { view(client, &device, ptr, (dtype, t), shape, 0, copy, true) }
+    unsafe { view(client, device, ptr, (dtype, t), &shape, 0, copy, true) }
 }
 
 /// Creates a zero-copy buffer over foreign memory, keeping `keep_alive` until PJRT's
@@ -224,39 +238,44 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
 #[allow(clippy::too_many_arguments)]
 unsafe fn view<K: Send + 'static>(
     client: &Client,
-    device: &XlaDevice,
+    device: usize,
     data: *mut c_void,
     (dtype, pjrt_type): (DataType, std::ffi::c_int),
-    shape: Vec<i64>,
+    shape: &[i64],
     stream: isize,
     keep_alive: K,
     copied: bool,
 ) -> Result<Buffer> {
-    let watch = ViewWatch::default();
-    let ctx = Box::into_raw(Box::new(OnDelete { keep_alive, watch: watch.clone() }));
+    let owner = Arc::new(ViewOwner {
+        keep_alive: UnsafeCell::new(Some(keep_alive)),
+        released: AtomicBool::new(false),
+    });
+    let watch = ViewWatch(owner.clone());
+    let ctx = Arc::into_raw(owner);
     // SAFETY: forwarded from the caller; `ctx` is handed to the callback.
     let made = unsafe {
         result::client::create_view_of_device_buffer(
             client.inner.api(),
             client.inner.raw,
-            device.raw(),
+            client.inner.devices[device].raw,
             data,
             pjrt_type,
-            &shape,
+            shape,
             stream,
             on_delete::<K>,
             ctx as *mut c_void,
         )
     };
     match made {
-        // SAFETY: an owned buffer of this client, just made with this dtype, shape
-        // and device (no need to ask PJRT for them again).
-        Ok(raw) => Ok(unsafe {
-            Buffer::from_parts(&client.inner, raw, dtype, shape, device.index, copied, Some(watch))
-        }),
+        Ok(raw) => {
+            // SAFETY: an owned buffer of this client, just made with this dtype, shape
+            // and device (no need to ask PJRT for them again).
+            Ok(unsafe { Buffer::from_parts(&client.inner, raw, dtype, shape, device, copied, Some(watch)) })
+        }
         Err(e) => {
-            // SAFETY: on error PJRT did not take `ctx`: it is still ours, freed once.
-            drop(unsafe { Box::from_raw(ctx) });
+            // SAFETY: on error PJRT did not take `ctx`: the reference is still ours,
+            // given back once.
+            drop(unsafe { Arc::from_raw(ctx) });
             Err(e)
         }
     }

@@ -344,7 +344,7 @@ impl Executable {
                 // SAFETY: an owned output buffer of this client, of the compiled
                 // output's type and shape, on the device it was run on.
                 (Some(dtype), Some(index)) => Ok(unsafe {
-                    Buffer::from_parts(&self.client, raw, dtype, spec.shape.clone(), index, false, None)
+                    Buffer::from_parts(&self.client, raw, dtype, &spec.shape, index, false, None)
                 }),
                 // SAFETY: an owned output buffer of this client.
                 _ => unsafe { Buffer::from_raw(&self.client, raw, false, None) },

@@ -53,6 +53,15 @@ fn event() -> Result<sys::CUevent, PipelineError> {
     Ok(e)
 }
 
+/// Runs `f`, dropping what it returns after the clock stopped: its time.
+fn timed_once<R, E>(f: impl FnOnce() -> Result<R, E>) -> Result<Duration, E> {
+    let t = Instant::now();
+    let r = f()?;
+    let d = t.elapsed();
+    drop(r);
+    Ok(d)
+}
+
 /// Times `f`, adding the elapsed time to `into`.
 fn timed<R>(into: &mut Vec<Duration>, f: impl FnOnce() -> R) -> R {
     let t = Instant::now();
@@ -143,9 +152,11 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
         unsafe { sys::cuEventRecord(ev_release, torch_stream_raw(&torch_stream) as usize as sys::CUstream) };
         Ok(xla_floor::release(b)?)
     };
-    for i in 0..samples {
-        // torch -> XLA and XLA -> torch, each in halves, then their releases: handoff,
-        // then the floor.
+    // Each path's handoff half and floor half in turns, first one then the other on
+    // alternate samples: each sees the same predecessors (the execution before it is
+    // still being launched by PJRT's threads, which slows the CUDA calls that follow)
+    // as often as the other.
+    let handoff_halves = || -> Result<[Duration; 5], PipelineError> {
         let t0 = Instant::now();
         let handoff = handoff_torch::export(h, ready)?;
         let t1 = Instant::now();
@@ -157,54 +168,85 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
         let t4 = Instant::now();
         drop((hx2, yt));
         let t5 = Instant::now();
+        Ok([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4])
+    };
+    let floor_halves = || -> Result<[Duration; 5], PipelineError> {
+        let t0 = Instant::now();
         let ptr = bare_torch_export()?;
-        let t6 = Instant::now();
+        let t1 = Instant::now();
         let v = bare_view(ptr)?;
-        let t7 = Instant::now();
+        let t2 = Instant::now();
         let ptr = bare_xla_export(&y_bare)?;
-        let t8 = Instant::now();
+        let t3 = Instant::now();
         let t = bare_from_blob(ptr)?;
-        let t9 = Instant::now();
+        let t4 = Instant::now();
         bare_release(v, t, &y_bare)?;
-        let t10 = Instant::now();
-        for (v, d) in [
-            (&mut *to_xla_export, t1 - t0),
-            (&mut *to_xla_import, t2 - t1),
-            (&mut *to_torch_export, t3 - t2),
-            (&mut *to_torch_import, t4 - t3),
-            (&mut *to_xla, t2 - t0),
-            (&mut *to_torch, t4 - t2),
-            (&mut *release, t5 - t4),
-            (&mut *to_xla_export_f, t6 - t5),
-            (&mut *to_xla_import_f, t7 - t6),
-            (&mut *to_torch_export_f, t8 - t7),
-            (&mut *to_torch_import_f, t9 - t8),
-            (&mut *to_xla_f, t7 - t5),
-            (&mut *to_torch_f, t9 - t7),
-            (&mut *release_f, t10 - t9),
-        ] {
-            v.push(d);
-        }
-
-        // The whole kernel call, then its floor.
-        let out = timed(call, || p.kernel(h))?;
-        drop(out);
-        let (outs, t) = timed(call_f, || -> Result<_, PipelineError> {
-            let v = bare_view(bare_torch_export()?)?;
-            let outs = xla_floor::execute(exe, &[&v])?;
-            drop(v);
-            let t = bare_from_blob(bare_xla_export(&outs[0])?)?;
-            Ok((outs, t))
-        })?;
+        let t5 = Instant::now();
+        Ok([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4])
+    };
+    let handoff_call = || timed_once(|| p.kernel(h));
+    let floor_call = || -> Result<Duration, PipelineError> {
+        let t0 = Instant::now();
+        let v = bare_view(bare_torch_export()?)?;
+        let outs = xla_floor::execute(exe, &[&v])?;
+        drop(v);
+        let t = bare_from_blob(bare_xla_export(&outs[0])?)?;
+        let d = t0.elapsed();
         drop(t);
         xla_floor::release(&outs[0])?;
         drop(outs);
-
-        // The execution alone.
-        let o = timed(exec, || exe.execute(&[&hx]))?;
-        drop(o);
-        let o = timed(exec_f, || xla_floor::execute(exe, &[&view_kept]))?;
-        drop(o);
+        Ok(d)
+    };
+    let handoff_exec = || -> Result<Duration, PipelineError> { Ok(timed_once(|| exe.execute(&[&hx]))?) };
+    let floor_exec =
+        || -> Result<Duration, PipelineError> { Ok(timed_once(|| xla_floor::execute(exe, &[&view_kept]))?) };
+    for i in 0..samples {
+        let handoff_first = i % 2 == 0;
+        let (hh, ff) = if handoff_first {
+            let hh = handoff_halves()?;
+            (hh, floor_halves()?)
+        } else {
+            let ff = floor_halves()?;
+            (handoff_halves()?, ff)
+        };
+        for (v, d) in [
+            (&mut *to_xla_export, hh[0]),
+            (&mut *to_xla_import, hh[1]),
+            (&mut *to_torch_export, hh[2]),
+            (&mut *to_torch_import, hh[3]),
+            (&mut *to_xla, hh[0] + hh[1]),
+            (&mut *to_torch, hh[2] + hh[3]),
+            (&mut *release, hh[4]),
+            (&mut *to_xla_export_f, ff[0]),
+            (&mut *to_xla_import_f, ff[1]),
+            (&mut *to_torch_export_f, ff[2]),
+            (&mut *to_torch_import_f, ff[3]),
+            (&mut *to_xla_f, ff[0] + ff[1]),
+            (&mut *to_torch_f, ff[2] + ff[3]),
+            (&mut *release_f, ff[4]),
+        ] {
+            v.push(d);
+        }
+        // The whole kernel call and its floor, then the execution alone and its
+        // floor, in the same turns.
+        let (c, cf) = if handoff_first {
+            let c = handoff_call()?;
+            (c, floor_call()?)
+        } else {
+            let cf = floor_call()?;
+            (handoff_call()?, cf)
+        };
+        call.push(c);
+        call_f.push(cf);
+        let (e, ef) = if handoff_first {
+            let e = handoff_exec()?;
+            (e, floor_exec()?)
+        } else {
+            let ef = floor_exec()?;
+            (handoff_exec()?, ef)
+        };
+        exec.push(e);
+        exec_f.push(ef);
         // Keep PJRT's queue of executions short, so that no call waits for room in it.
         if i % 8 == 7 {
             p.synchronize();
