@@ -198,3 +198,75 @@ fn compact_into(shape: &[i64], strides: &mut [i64]) {
         stride = stride.wrapping_mul(d);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlpark::ffi::DLDataType;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A keep-alive of any alignment that counts its drops and checks where it lives.
+    #[repr(align(64))]
+    struct Wide(Arc<AtomicUsize>);
+    impl Drop for Wide {
+        fn drop(&mut self) {
+            assert_eq!(self as *const Wide as usize % 64, 0, "the owner is misaligned");
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn parts(shape: &[i64]) -> Parts<'_> {
+        Parts {
+            data: std::ptr::null_mut(),
+            device: crate::Device::Host.to_dlpack(),
+            dtype: DLDataType::F32,
+            shape,
+            strides: None,
+            byte_offset: 0,
+            flags: DlpackFlags::empty(),
+        }
+    }
+
+    #[test]
+    fn the_owner_lives_in_the_allocation_aligned_and_is_dropped_once() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        for shape in [&[][..], &[0, 3][..], &[2, 3, 4][..]] {
+            let prepared = prepare::<Wide>(&parts(shape)).unwrap();
+            let owner = Owner { keep_alive: Some(Wide(drops.clone())), release_after: None };
+            let managed = prepared.finish(owner).unwrap_or_else(|_| panic!("finish {shape:?}"));
+            // SAFETY: owned and just built.
+            let t = unsafe { managed.tensor() };
+            assert_eq!(t.ndim as usize, shape.len());
+            if !shape.is_empty() {
+                // SAFETY: `ndim` values each, in the allocation.
+                let (s, st) = unsafe {
+                    (
+                        std::slice::from_raw_parts(t.shape, shape.len()),
+                        std::slice::from_raw_parts(t.strides, shape.len()),
+                    )
+                };
+                assert_eq!(s, shape);
+                assert_eq!(st, &dlpark::tensor::compact_strides(shape).unwrap()[..]);
+            }
+            let before = drops.load(Ordering::SeqCst);
+            drop(managed);
+            assert_eq!(drops.load(Ordering::SeqCst), before + 1, "{shape:?}: dropped once, by the deleter");
+        }
+    }
+
+    #[test]
+    fn bad_dimensions_are_refused_before_the_keep_alive_moves_in() {
+        for (shape, strides) in
+            [(&[2i64, -1][..], None), (&[2, 3][..], Some(&[1i64][..])), (&[i64::MAX, 4][..], None)]
+        {
+            let p = Parts { strides, ..parts(shape) };
+            assert!(prepare::<Wide>(&p).is_err(), "{shape:?} {strides:?}");
+        }
+        let too_many = [1i64; MAX_NDIM as usize + 1];
+        assert!(matches!(
+            prepare::<Wide>(&parts(&too_many)),
+            Err(Error::Validation(ValidationError::TooManyDims { .. }))
+        ));
+    }
+}

@@ -275,6 +275,15 @@ mod tests {
         let other = std::thread::spawn(|| measure(|| ()).1).join().unwrap();
         assert_eq!(other, Stats::default());
     }
+
+    #[test]
+    fn an_ended_threads_counts_stay_in_the_process_totals() {
+        let before = stats().bytes_copied;
+        std::thread::spawn(|| count(Counter::BytesCopied, 1 << 40)).join().unwrap();
+        // Its block is gone with it; its counts moved to `ended`.
+        assert!(stats().bytes_copied - before >= 1 << 40);
+        assert!(live().len() < 1000, "blocks of ended threads are dropped");
+    }
 }
 
 /// The counts handoff's adapters make where the runtime cannot see the event (an

@@ -505,6 +505,65 @@ mod tests {
     use super::*;
     use crate::ordered::{Ready, order};
 
+    /// A process-lived backend (as CUDA's are) that counts the events it creates.
+    struct Lasting {
+        pool: EventPool,
+        created: AtomicU64,
+    }
+
+    impl Backend for Lasting {
+        fn name(&self) -> &'static str {
+            "lasting"
+        }
+        fn device(&self) -> Device {
+            Device::Mock(9)
+        }
+        fn event_pool(&self) -> &EventPool {
+            &self.pool
+        }
+        fn create_event(&self) -> Result<RawEvent> {
+            Ok(self.created.fetch_add(1, Ordering::SeqCst) + 1)
+        }
+        fn destroy_event(&self, _: RawEvent) {}
+        fn record(&self, _: RawEvent, _: RawStream) -> Result<()> {
+            Ok(())
+        }
+        fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
+            Ok(())
+        }
+        fn query(&self, _: RawEvent) -> Result<bool> {
+            Ok(true)
+        }
+        fn synchronize(&self, _: RawEvent) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_thread_keeps_a_few_spare_events_and_gives_them_back_when_it_ends() {
+        static LASTING: Lasting = Lasting { pool: EventPool::new(), created: AtomicU64::new(0) };
+        let s = Stream::with_backend(BackendRef::Process(&LASTING), 1);
+        let pool = &LASTING.pool;
+        std::thread::spawn(move || {
+            // One event, reused through this thread's spares: none created again, and
+            // none went back to the pool meanwhile.
+            for _ in 0..10 {
+                drop(s.record().unwrap());
+            }
+            assert_eq!(LASTING.created.load(Ordering::SeqCst), 1);
+            assert_eq!(pool.free(), 0);
+            // Six at once: four stay with the thread, two go back to the pool.
+            let held: Vec<Event> = (0..6).map(|_| s.record().unwrap()).collect();
+            drop(held);
+            assert_eq!(pool.free(), 2);
+        })
+        .join()
+        .unwrap();
+        // The thread ended: its spares went back.
+        assert_eq!(pool.free(), 6);
+        assert_eq!(LASTING.created.load(Ordering::SeqCst), 6);
+    }
+
     /// A backend whose handle 2 means "the calling thread's stream", as CUDA's
     /// per-thread default stream does.
     struct PerThread {

@@ -480,3 +480,30 @@ fn releases_behind_one_stream_are_queued_in_record_order() {
         "a keep-alive was dropped before the event recorded for it completed"
     );
 }
+
+/// Once the queue has been empty for `LINGER`, the background thread parks; the next
+/// release must wake it (without a flush), or its keep-alive is never dropped.
+#[test]
+fn a_release_after_the_background_thread_parked_wakes_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let fake = Fake::new();
+    let ok = fake.stream(OK);
+    let (k, dropped) = flag();
+    release_after(Some(&ok), k);
+    assert!(
+        eventually(Duration::from_secs(5), || dropped.load(Ordering::SeqCst)),
+        "the first release was not done"
+    );
+    let r = reaper();
+    assert!(
+        eventually(LINGER * 50, || lock(r).parked),
+        "the background thread did not park within {:?} of an empty queue",
+        LINGER * 50
+    );
+    let (k, dropped) = flag();
+    release_after(Some(&ok), k);
+    assert!(
+        eventually(Duration::from_secs(5), || dropped.load(Ordering::SeqCst)),
+        "a release made while the background thread was parked was not done within 5 s"
+    );
+}
