@@ -505,18 +505,26 @@ mod tests {
     use super::*;
     use crate::ordered::{Ready, order};
 
-    /// A process-lived backend (as CUDA's are) that counts the events it creates.
-    struct Lasting {
+    /// A device whose every call succeeds, which counts the events it creates, and
+    /// whose handle 2 means "the calling thread's stream", as CUDA's per-thread
+    /// default stream does.
+    struct Quiet {
         pool: EventPool,
         created: AtomicU64,
     }
 
-    impl Backend for Lasting {
+    impl Quiet {
+        const fn new() -> Quiet {
+            Quiet { pool: EventPool::new(), created: AtomicU64::new(0) }
+        }
+    }
+
+    impl Backend for Quiet {
         fn name(&self) -> &'static str {
-            "lasting"
+            "quiet"
         }
         fn device(&self) -> Device {
-            Device::Mock(9)
+            Device::Mock(7)
         }
         fn event_pool(&self) -> &EventPool {
             &self.pool
@@ -537,11 +545,15 @@ mod tests {
         fn synchronize(&self, _: RawEvent) -> Result<()> {
             Ok(())
         }
+        fn is_thread_relative(&self, stream: RawStream) -> bool {
+            stream == 2
+        }
     }
 
     #[test]
     fn a_thread_keeps_a_few_spare_events_and_gives_them_back_when_it_ends() {
-        static LASTING: Lasting = Lasting { pool: EventPool::new(), created: AtomicU64::new(0) };
+        // Process-lived, as CUDA's backends are.
+        static LASTING: Quiet = Quiet::new();
         let s = Stream::with_backend(BackendRef::Process(&LASTING), 1);
         let pool = &LASTING.pool;
         std::thread::spawn(move || {
@@ -564,46 +576,9 @@ mod tests {
         assert_eq!(LASTING.created.load(Ordering::SeqCst), 6);
     }
 
-    /// A backend whose handle 2 means "the calling thread's stream", as CUDA's
-    /// per-thread default stream does.
-    struct PerThread {
-        pool: EventPool,
-    }
-
-    impl Backend for PerThread {
-        fn name(&self) -> &'static str {
-            "per-thread"
-        }
-        fn device(&self) -> Device {
-            Device::Mock(7)
-        }
-        fn event_pool(&self) -> &EventPool {
-            &self.pool
-        }
-        fn create_event(&self) -> Result<RawEvent> {
-            Ok(1)
-        }
-        fn destroy_event(&self, _: RawEvent) {}
-        fn record(&self, _: RawEvent, _: RawStream) -> Result<()> {
-            Ok(())
-        }
-        fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
-            Ok(())
-        }
-        fn query(&self, _: RawEvent) -> Result<bool> {
-            Ok(true)
-        }
-        fn synchronize(&self, _: RawEvent) -> Result<()> {
-            Ok(())
-        }
-        fn is_thread_relative(&self, stream: RawStream) -> bool {
-            stream == 2
-        }
-    }
-
     #[test]
     fn a_thread_relative_handle_is_the_stream_of_the_thread_that_made_it() {
-        let backend: Arc<dyn Backend> = Arc::new(PerThread { pool: EventPool::new() });
+        let backend: Arc<dyn Backend> = Arc::new(Quiet::new());
         let here = Stream::new(backend.clone(), 2);
         let b = backend.clone();
         let there = std::thread::spawn(move || Stream::new(b, 2)).join().unwrap();

@@ -53,6 +53,22 @@ fn event() -> Result<sys::CUevent, PipelineError> {
     Ok(e)
 }
 
+/// Runs `a` and `b`, `a` first when `a_first`, and returns both results in that
+/// order whichever ran first.
+fn in_turns<A, B>(
+    a_first: bool,
+    a: &dyn Fn() -> Result<A, PipelineError>,
+    b: &dyn Fn() -> Result<B, PipelineError>,
+) -> Result<(A, B), PipelineError> {
+    if a_first {
+        let ra = a()?;
+        Ok((ra, b()?))
+    } else {
+        let rb = b()?;
+        Ok((a()?, rb))
+    }
+}
+
 /// Runs `f`, dropping what it returns after the clock stopped: its time.
 fn timed_once<R, E>(f: impl FnOnce() -> Result<R, E>) -> Result<Duration, E> {
     let t = Instant::now();
@@ -202,13 +218,7 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
         || -> Result<Duration, PipelineError> { Ok(timed_once(|| xla_floor::execute(exe, &[&view_kept]))?) };
     for i in 0..samples {
         let handoff_first = i % 2 == 0;
-        let (hh, ff) = if handoff_first {
-            let hh = handoff_halves()?;
-            (hh, floor_halves()?)
-        } else {
-            let ff = floor_halves()?;
-            (handoff_halves()?, ff)
-        };
+        let (hh, ff) = in_turns(handoff_first, &handoff_halves, &floor_halves)?;
         for (v, d) in [
             (&mut *to_xla_export, hh[0]),
             (&mut *to_xla_import, hh[1]),
@@ -229,22 +239,10 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
         }
         // The whole kernel call and its floor, then the execution alone and its
         // floor, in the same turns.
-        let (c, cf) = if handoff_first {
-            let c = handoff_call()?;
-            (c, floor_call()?)
-        } else {
-            let cf = floor_call()?;
-            (handoff_call()?, cf)
-        };
+        let (c, cf) = in_turns(handoff_first, &handoff_call, &floor_call)?;
         call.push(c);
         call_f.push(cf);
-        let (e, ef) = if handoff_first {
-            let e = handoff_exec()?;
-            (e, floor_exec()?)
-        } else {
-            let ef = floor_exec()?;
-            (handoff_exec()?, ef)
-        };
+        let (e, ef) = in_turns(handoff_first, &handoff_exec, &floor_exec)?;
         exec.push(e);
         exec_f.push(ef);
         // Keep PJRT's queue of executions short, so that no call waits for room in it.
