@@ -2,7 +2,8 @@
 //!
 //! The stream-ordered hand-off protocol, which every adapter of handoff builds on.
 //!
-//! - [`Device`], [`dtype`]: where memory lives and what it holds (DLPack's types).
+//! - [`Device`], [`dtype`], [`Dims`]: where memory lives, what it holds (DLPack's
+//!   types), and a shape or strides kept inline.
 //! - [`Stream`], [`Event`], [`Backend`]: streams of any device, pooled events.
 //! - [`StreamOrdered`]: a value that knows how to be made ready on a consumer stream.
 //! - [`Export`], [`Import`], [`Handoff`]: the DLPack tensor in flight; its release
