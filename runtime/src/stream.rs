@@ -147,6 +147,11 @@ enum BackendRef {
 }
 
 impl BackendRef {
+    /// The backend's address: its identity.
+    fn addr(&self) -> *const () {
+        &**self as *const dyn Backend as *const ()
+    }
+
     /// A free event: from the calling thread's spares when the backend lives as long
     /// as the process (no lock), else from the pool.
     fn take_event(&self) -> Result<RawEvent> {
@@ -246,13 +251,6 @@ impl std::ops::Deref for BackendRef {
             BackendRef::Process(b) => *b,
             BackendRef::Shared(b) => &**b,
         }
-    }
-}
-
-impl BackendRef {
-    /// The backend's address: its identity.
-    fn addr(&self) -> *const () {
-        &**self as *const dyn Backend as *const ()
     }
 }
 

@@ -26,6 +26,11 @@ impl Described {
     pub fn desc(&self) -> TensorDesc<'_> {
         TensorDesc::new(self.data, self.device, self.dtype, &self.shape[..]).with_strides(&self.strides[..])
     }
+
+    /// The description, owning its shape and strides.
+    pub fn into_desc(self) -> TensorDesc<'static> {
+        self.desc().into_owned()
+    }
 }
 
 /// Reads and checks everything an export needs; refuses what DLPack cannot describe.

@@ -133,11 +133,7 @@ impl Export for TorchTensor {
     fn describe(&self) -> Result<TensorDesc<'_>> {
         let mut desc = match &self.described {
             Some(d) => d.desc(),
-            None => {
-                let d = describe_tensor(&self.tensor)?;
-                let (shape, strides) = (d.shape.to_vec(), d.strides.to_vec());
-                TensorDesc::new(d.data, d.device, d.dtype, shape).with_strides(strides)
-            }
+            None => describe_tensor(&self.tensor)?.into_desc(),
         };
         desc.read_only = self.read_only;
         Ok(desc)

@@ -104,10 +104,7 @@ impl CudaBackend {
             .map_err(|e| backend_error("cuCtxPushCurrent", e, format_args!("cuda:{}", self.ordinal)))?;
         Ok(CtxGuard { pushed: true })
     }
-}
 
-/// Pops the context [`CudaBackend::enter`] pushed, if it pushed one.
-impl CudaBackend {
     /// `cuEventRecord`, with the device's context current.
     fn record_here(&self, event: RawEvent, stream: RawStream) -> Result<()> {
         count_calls(1);
@@ -136,6 +133,7 @@ impl CudaBackend {
     }
 }
 
+/// Pops the context [`CudaBackend::enter`] pushed, if it pushed one.
 pub(crate) struct CtxGuard {
     pushed: bool,
 }
