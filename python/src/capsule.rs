@@ -9,6 +9,7 @@
 //! (its name is still `dltensor`/`dltensor_versioned`).
 
 use crate::keep_alive;
+use crate::main_thread;
 use handoff_runtime::Handoff;
 use handoff_runtime::ffi::{DLManagedTensor, DLManagedTensorVersioned};
 use handoff_runtime::reaper;
@@ -82,9 +83,9 @@ pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
         return Err(PyErr::take(py).unwrap_or_else(|| PyBufferError::new_err("cannot rename the capsule")));
     }
     Ok(if versioned {
-        Taken::Versioned(GilProxy::wrap(pointer.cast::<DLManagedTensorVersioned>()))
+        Taken::Versioned(MainThreadProxy::wrap(pointer.cast::<DLManagedTensorVersioned>()))
     } else {
-        Taken::Legacy(GilProxy::wrap(pointer.cast::<DLManagedTensor>()))
+        Taken::Legacy(MainThreadProxy::wrap(pointer.cast::<DLManagedTensor>()))
     })
 }
 
@@ -126,11 +127,11 @@ impl ManagedAbi for DLManagedTensor {
 }
 
 /// A stand-in for a producer's managed tensor whose deleter calls the producer's own
-/// with the GIL held. Python producers rely on the GIL in their deleters (JAX's
-/// changes the buffer's external references, which its other calls change under the
-/// GIL too); the runtime may release on its reaper thread, which holds no GIL.
+/// on the interpreter's main thread, with the GIL (see [`crate::main_thread`]: the
+/// runtime may release on its reaper thread, and a producer's deleter may race the
+/// producer's own calls anywhere else).
 #[repr(C)]
-struct GilProxy<M> {
+struct MainThreadProxy<M> {
     /// What the runtime sees: the producer's tensor described again (its shape and
     /// strides arrays stay the producer's, alive until its deleter runs).
     managed: M,
@@ -138,39 +139,45 @@ struct GilProxy<M> {
     original: *mut M,
 }
 
-impl<M: ManagedAbi> GilProxy<M> {
+/// A producer's managed tensor on its way to its deleter.
+struct Original<M>(*mut M);
+
+// SAFETY: the producer's tensor is owned by this value alone (its proxy was freed) and
+// is only given to its own deleter, once, on the main thread.
+unsafe impl<M> Send for Original<M> {}
+
+impl<M: ManagedAbi + 'static> MainThreadProxy<M> {
     /// Wraps `original` (owned by the caller, non-null); the result is owned the same way.
     fn wrap(original: *mut M) -> *mut M {
         // SAFETY: `original` is the producer's live managed tensor (non-null, checked
         // by the capsule).
         let managed = unsafe { (*original).proxy_of(ptr::null_mut(), Self::delete) };
-        let proxy = Box::into_raw(Box::new(GilProxy { managed, original }));
+        let proxy = Box::into_raw(Box::new(MainThreadProxy { managed, original }));
         // SAFETY: `proxy` is a fresh allocation; its context is itself.
         unsafe { (*proxy).managed.set_ctx(proxy.cast()) };
         // `managed` is the first field of a repr(C) struct: the same address.
         proxy.cast::<M>()
     }
 
-    /// The proxy's deleter: the producer's, with the GIL held; leaked (never called
-    /// without it) once the interpreter cannot be attached to any more.
+    /// The proxy's deleter: frees the proxy and hands the producer's tensor to its
+    /// deleter on the main thread.
     unsafe extern "C" fn delete(managed: *mut M) {
         let r = catch_unwind(AssertUnwindSafe(|| {
             if managed.is_null() {
                 return;
             }
-            // SAFETY: `managed` is the first field of a `GilProxy` made by `wrap`
-            // (repr(C)), and DLPack calls a deleter once.
-            let proxy = unsafe { Box::from_raw(managed.cast::<GilProxy<M>>()) };
-            let original = proxy.original;
-            // SAFETY: the producer's tensor, still owned here.
-            let Some(deleter) = (unsafe { (*original).deleter() }) else { return };
-            // SAFETY: the producer's deleter on its own tensor, once.
-            let called = Python::try_attach(|_py| unsafe { deleter(original) });
-            if called.is_none() {
-                report_panic(
-                    "a producer's deleter after interpreter shutdown (not called; the tensor is kept)",
-                );
-            }
+            // SAFETY: `managed` is the first field of a `MainThreadProxy` made by
+            // `wrap` (repr(C)), and DLPack calls a deleter once.
+            let proxy = unsafe { Box::from_raw(managed.cast::<MainThreadProxy<M>>()) };
+            let original = Original(proxy.original);
+            main_thread::run_on_main(Box::new(move || {
+                let original = original;
+                // SAFETY: the producer's tensor, still owned here.
+                if let Some(deleter) = unsafe { (*original.0).deleter() } {
+                    // SAFETY: the producer's deleter on its own tensor, once.
+                    unsafe { deleter(original.0) };
+                }
+            }));
         }));
         if r.is_err() {
             report_panic("a producer's deleter");
@@ -281,6 +288,9 @@ fn release(handoff: Handoff) {
         if !STUCK.load(Ordering::Relaxed) && !reaper::drain(reaper::EXIT_DRAIN_TIMEOUT).is_complete() {
             STUCK.store(true, Ordering::Relaxed);
         }
+        // The producers' deleters the drain made due wait in the main-thread queue,
+        // whose pending call would not run any more: run them here, with the GIL.
+        Python::try_attach(main_thread::run_queued);
     } else {
         drop(handoff);
     }

@@ -6,6 +6,7 @@
 //! releases the GIL first). Once the interpreter is shutting down it cannot attach any
 //! more, and the reference is leaked instead.
 
+use crate::main_thread;
 use handoff_runtime::reaper;
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,14 +21,18 @@ pub fn shutting_down() -> bool {
 /// Called by `atexit` (registered by `handoff/__init__.py`) while the interpreter is
 /// still whole: performs the queued releases as their events complete (without the
 /// GIL, for at most `reaper::EXIT_DRAIN_TIMEOUT`; what is left then is leaked and
-/// reported, so exit never hangs on a device that stopped). From then on, hand-offs
+/// reported, so exit never hangs on a device that stopped), then runs the producers'
+/// deleters they queued for the main thread (this one) — no pending call is scheduled
+/// from here on, as the interpreter would not run it. From then on, hand-offs
 /// released behind a device stream are released on the releasing thread after a wait
-/// for the consumer stream (see `capsule::release`): during finalization the reaper
-/// thread could not take the GIL a producer's deleter may need.
+/// for the consumer stream (see `capsule::release`), so that the producer's deleter
+/// runs there, on the finalizing thread, while the producer's objects still exist.
 #[pyfunction(name = "_shutdown")]
 pub fn shutdown(py: Python<'_>) {
     SHUTTING_DOWN.store(true, Ordering::Release);
+    main_thread::close();
     py.detach(|| reaper::drain(reaper::EXIT_DRAIN_TIMEOUT));
+    main_thread::run_queued(py);
 }
 
 /// A strong reference to a Python object, droppable on any thread.

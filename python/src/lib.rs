@@ -15,16 +15,18 @@
 //! - [`cai`]: objects that only expose `__cuda_array_interface__`.
 //! - [`keep_alive`]: Python objects kept alive by a hand-off, and shutdown.
 //! - [`stats`], [`flush`]: the runtime's counters and its reaper's flush.
+//! - [`main_thread`]: producers' deleters, run on the interpreter's main thread.
 //!
-//! Deleters run on any thread. Nothing here holds a lock while it waits for the
-//! GIL, and every call that may wait for the reaper (which may itself be waiting for
-//! the GIL inside a producer's deleter, as NumPy's takes it) releases the GIL first.
-//! Every `extern "C"` function catches panics.
+//! The runtime releases on any thread (its reaper's, mostly); a Python producer's
+//! deleter is queued for the main thread (see [`main_thread`] for why the GIL is not
+//! enough). Nothing here holds a lock while it waits for the GIL, and every call that
+//! may wait for the reaper releases the GIL first. Every `extern "C"` function catches panics.
 
 mod cai;
 mod capsule;
 mod errors;
 mod keep_alive;
+mod main_thread;
 mod mock;
 mod ordered;
 mod streams;
@@ -65,11 +67,13 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 }
 
 /// Blocks until every release queued so far has happened (one counted host sync per
-/// stream with pending releases). The GIL is released while it waits: the reaper may
-/// need it to run a producer's deleter.
+/// stream with pending releases), then runs the producers' deleters those releases
+/// queued for the main thread, here (the calling thread), with the GIL. The GIL is
+/// released while it waits.
 #[pyfunction]
 fn flush(py: Python<'_>) {
     py.detach(reaper::flush);
+    main_thread::run_queued(py);
 }
 
 /// Whether the CUDA driver can be used (`libcuda.so.1` loads and there is a device).
@@ -82,6 +86,7 @@ fn cuda_available(py: Python<'_>) -> bool {
 #[pymodule]
 fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    main_thread::init(py)?;
     m.add_class::<ordered::Ordered>()?;
     m.add_function(wrap_pyfunction!(ordered::ordered, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;

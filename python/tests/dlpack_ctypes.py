@@ -4,6 +4,7 @@ deleter counts its calls."""
 from __future__ import annotations
 
 import ctypes as C
+import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -147,6 +148,7 @@ class Producer:
             array = np.arange(8, dtype=np.float32)
         self.array = array
         self.deleted = 0
+        self.deleter_threads: list = []  # threading.get_ident() of each deleter call
         self.calls: list = []
         self.capsule: Any = None
         self.versioned = versioned
@@ -184,6 +186,7 @@ class Producer:
 
     def _on_delete(self, _ptr: Any) -> None:
         self.deleted += 1
+        self.deleter_threads.append(threading.get_ident())
         _OUT.discard(self)
 
     def __hash__(self) -> int:

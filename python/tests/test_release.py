@@ -1,7 +1,8 @@
 """The stream-ordered release through the runtime's reaper, on the runtime's simulated
 device (``_mock_ordered``: the consumer's stream is a simulated one with consumer work
-queued on it), and the GIL rules: the reaper thread runs producers' deleters that take
-the GIL (NumPy's, ctypes callbacks), and nothing deadlocks."""
+queued on it), and the thread rules: the reaper releases, the producer's deleter runs on
+the main thread (JAX's races JAX's own ``__dlpack__`` anywhere else), and nothing
+deadlocks."""
 
 import gc
 import os
@@ -47,6 +48,30 @@ def test_release_waits_for_the_consumers_queued_work():
     assert after["host_syncs"] == before["host_syncs"], "nobody waited"
     time.sleep(0.05)
     assert p.deleted == 1, "exactly once"
+
+
+def test_the_producers_deleter_runs_on_the_main_thread():
+    p = Producer()
+    o = _handoff._mock_ordered(p, 1000)
+    b = np.from_dlpack(o)
+    del b
+    gc.collect()
+    o._mock_advance(2000)  # the reaper thread takes the release...
+    assert wait_for(lambda: handoff.stats()["pending"] == 0)
+    # ...and the deleter runs here, between two bytecodes of this (the main) thread.
+    assert wait_for(lambda: p.deleted == 1)
+    assert p.deleter_threads == [threading.main_thread().ident]
+
+
+def test_a_release_on_another_thread_is_deleted_on_the_main_thread():
+    p = Producer()
+    views = [np.from_dlpack(handoff.ordered(p))]  # a host tensor: released at once
+    t = threading.Thread(target=views.pop)
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    assert wait_for(lambda: p.deleted == 1)
+    assert p.deleter_threads == [threading.main_thread().ident], "not the releasing thread"
 
 
 def test_flush_waits_on_the_host_and_counts_it():
