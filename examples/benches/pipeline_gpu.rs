@@ -376,7 +376,7 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
     // Each path against its floor: the bare framework calls it cannot avoid.
     let h = p.matmul(&x0)?;
     let before = stats::stats();
-    let rows = floor::measure(&p, &h, args.samples)?;
+    let (rows, steps_in_company) = floor::measure(&p, &h, args.samples)?;
     let s_floor = stats::stats().since(&before);
     drop(h);
     println!("host cost against the floor, medians of {} (us):", args.samples);
@@ -401,18 +401,21 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
         ms_torch * 1e3
     );
     floor_json.f("host_us_step", per_step(phases.total()), 2).f("host_us_step_floor", step_floor, 2);
-    // Where the torch export's time goes, step by step.
+    // Where the torch export's time goes, step by step: alone, and in the floor loop's
+    // company.
     let h = p.matmul(&x0)?;
     let export_steps = floor::torch_export_steps(&p, &h, args.samples)?;
     drop(h);
-    let line: Vec<String> = export_steps.iter().map(|(name, us)| format!("{name} {us:.2}")).collect();
-    println!("torch export step by step, medians (us): {}", line.join(", "));
-    for (name, us) in &export_steps {
-        floor_json.f(
-            &format!("torch_export_step_{}_us", name.replace([' ', '-'], "_").to_lowercase()),
-            *us,
-            2,
-        );
+    for (label, key, steps) in [
+        ("alone", "torch_export_step", export_steps),
+        ("in the floor loop", "torch_export_step_in_loop", steps_in_company.medians()),
+    ] {
+        let line: Vec<String> = steps.iter().map(|(name, us)| format!("{name} {us:.2}")).collect();
+        let total: f64 = steps.iter().filter(|(name, _)| *name != "release").map(|(_, us)| us).sum();
+        println!("torch export step by step, {label}, medians (us): {}; sum {total:.2}", line.join(", "));
+        for (name, us) in &steps {
+            floor_json.f(&format!("{key}_{}_us", name.replace([' ', '-'], "_").to_lowercase()), *us, 2);
+        }
     }
     floor_json.print();
     if s_floor.host_syncs != 0 {

@@ -87,7 +87,13 @@ fn timed<R>(into: &mut Vec<Duration>, f: impl FnOnce() -> R) -> R {
 }
 
 /// Measures every path `samples` times; `h` is PyTorch's tensor handed to XLA.
-pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, PipelineError> {
+/// Also returns the torch export step by step, timed in the same loop (its company:
+/// views, executions, releases), each sample beside the handoff and floor halves.
+pub fn measure<'p>(
+    p: &'p Pipeline,
+    h: &Tensor,
+    samples: usize,
+) -> Result<(Vec<Row>, ExportSteps<'p>), PipelineError> {
     let kernel = p.xla_kernel();
     let (client, device, exe) = (p.client(), kernel.device(), kernel.executable());
     let ready = kernel.ready_stream();
@@ -109,6 +115,7 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
     // SAFETY: `h` is a live CUDA tensor of this layout, kept until the view is dropped.
     let view_kept = unsafe { xla_floor::view(client, device, h_ptr, dtype, &shape, ready_raw) }?;
     let y_bare = xla_floor::execute(exe, &[&view_kept])?.remove(0);
+    let mut steps = ExportSteps::new(p, h, samples)?;
     p.synchronize();
 
     let mut d: [Vec<Duration>; 18] = std::array::from_fn(|_| Vec::with_capacity(samples));
@@ -218,7 +225,15 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
         || -> Result<Duration, PipelineError> { Ok(timed_once(|| xla_floor::execute(exe, &[&view_kept]))?) };
     for i in 0..samples {
         let handoff_first = i % 2 == 0;
+        // The export step by step before both halves on one sample, after them on the
+        // next.
+        if handoff_first {
+            steps.once(h)?;
+        }
         let (hh, ff) = in_turns(handoff_first, &handoff_halves, &floor_halves)?;
+        if !handoff_first {
+            steps.once(h)?;
+        }
         for (v, d) in [
             (&mut *to_xla_export, hh[0]),
             (&mut *to_xla_import, hh[1]),
@@ -267,7 +282,7 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
         handoff: m(handoff),
         floor: m(floor),
     };
-    Ok(vec![
+    let rows = vec![
         row("torch_export", "torch -> XLA: torch export", to_xla_export, to_xla_export_f),
         row("xla_view", "torch -> XLA: XLA view", to_xla_import, to_xla_import_f),
         row("torch_to_xla", "hand-off torch -> XLA", to_xla, to_xla_f),
@@ -277,54 +292,27 @@ pub fn measure(p: &Pipeline, h: &Tensor, samples: usize) -> Result<Vec<Row>, Pip
         row("release_both", "releasing both", release, release_f),
         row("kernel_call", "kernel call (hand-offs + execute)", call, call_f),
         row("execute", "execute alone", exec, exec_f),
-    ])
+    ];
+    Ok((rows, steps))
 }
 
 fn torch_stream_raw(s: &handoff::Stream) -> u64 {
     handoff::cuda::raw_stream(s).map_or(0, |(_, raw)| raw)
 }
 
-/// The torch export of `h` to XLA's ready stream, step by step, as
-/// `handoff_torch::export` takes it (medians of `samples`, µs, in the order taken):
-/// where the export's time above its floor goes.
-pub fn torch_export_steps(
-    p: &Pipeline,
-    h: &Tensor,
-    samples: usize,
-) -> Result<Vec<(&'static str, f64)>, PipelineError> {
-    use handoff::{Device, Handoff, Ready, Release, TensorDesc};
-    let ready = p.xla_kernel().ready_stream();
-    let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
-    let probe = handoff_torch::export(h, ready)?;
-    let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
-    drop(probe);
-    let mut d: [Vec<Duration>; 7] = std::array::from_fn(|_| Vec::with_capacity(samples));
-    for i in 0..samples {
-        let [clone, describe, stream, order, record, wrap, release] = &mut d;
-        let c = timed(clone, || h.shallow_clone());
-        timed(describe, || handoff_torch::check(&c)).map_err(shim)?;
-        let torch_stream = timed(stream, || handoff_torch::current_stream(Device::Cuda(0)))?;
-        timed(order, || handoff::order(torch_stream.as_ref(), ready))?;
-        timed(record, || torch_floor::record_stream(&c, 0, ready_raw)).map_err(shim)?;
-        let ptr = torch_floor::describe(&c).map_err(shim)?;
-        let handoff = timed(wrap, || {
-            Handoff::with_keep_alive(
-                c,
-                |_| {
-                    Ok(TensorDesc::new(ptr, Device::Cuda(0), dtype, shape.clone())
-                        .with_strides(strides.clone()))
-                },
-                ready,
-                Ready::Waited,
-                Release::Immediately,
-            )
-        })?;
-        timed(release, || drop(handoff));
-        if i % 1024 == 1023 {
-            p.synchronize();
-        }
-    }
-    let names = [
+/// The torch export to XLA's ready stream, step by step, as `handoff_torch::export`
+/// takes it: each step timed on its own.
+pub struct ExportSteps<'a> {
+    ready: &'a handoff::Stream,
+    ready_raw: u64,
+    dtype: handoff::dtype::DataType,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    d: [Vec<Duration>; 7],
+}
+
+impl<'a> ExportSteps<'a> {
+    const NAMES: [&'static str; 7] = [
         "shallow clone",
         "describe",
         "current stream",
@@ -333,5 +321,65 @@ pub fn torch_export_steps(
         "DLPack hand-off",
         "release",
     ];
-    Ok(names.into_iter().zip(d.iter_mut()).map(|(n, v)| (n, model::median_us(v))).collect())
+
+    /// For tensors of `h`'s layout, handed to `p`'s kernel's ready stream.
+    pub fn new(p: &'a Pipeline, h: &Tensor, samples: usize) -> Result<ExportSteps<'a>, PipelineError> {
+        let ready = p.xla_kernel().ready_stream();
+        let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
+        let probe = handoff_torch::export(h, ready)?;
+        let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
+        drop(probe);
+        let d = std::array::from_fn(|_| Vec::with_capacity(samples));
+        Ok(ExportSteps { ready, ready_raw, dtype, shape, strides, d })
+    }
+
+    /// Exports `h` once, step by step, and releases it.
+    pub fn once(&mut self, h: &Tensor) -> Result<(), PipelineError> {
+        use handoff::{Device, Handoff, Ready, Release, TensorDesc};
+        let [clone, describe, stream, order, record, wrap, release] = &mut self.d;
+        let c = timed(clone, || h.shallow_clone());
+        timed(describe, || handoff_torch::check(&c)).map_err(shim)?;
+        let torch_stream = timed(stream, || handoff_torch::current_stream(Device::Cuda(0)))?;
+        timed(order, || handoff::order(torch_stream.as_ref(), self.ready))?;
+        timed(record, || torch_floor::record_stream(&c, 0, self.ready_raw)).map_err(shim)?;
+        let ptr = torch_floor::describe(&c).map_err(shim)?;
+        let (dtype, shape, strides) = (self.dtype, &self.shape, &self.strides);
+        let handoff = timed(wrap, || {
+            Handoff::with_keep_alive(
+                c,
+                |_| {
+                    Ok(TensorDesc::new(ptr, Device::Cuda(0), dtype, shape.clone())
+                        .with_strides(strides.clone()))
+                },
+                self.ready,
+                Ready::Waited,
+                Release::Immediately,
+            )
+        })?;
+        timed(release, || drop(handoff));
+        Ok(())
+    }
+
+    /// Each step's median, µs, in the order taken.
+    pub fn medians(mut self) -> Vec<(&'static str, f64)> {
+        Self::NAMES.into_iter().zip(self.d.iter_mut()).map(|(n, v)| (n, model::median_us(v))).collect()
+    }
+}
+
+/// The torch export of `h` to XLA's ready stream, step by step, each step in a loop of
+/// its own export after export (medians of `samples`, µs, in the order taken): where
+/// the export's time above its floor goes, away from the floor loop's company.
+pub fn torch_export_steps(
+    p: &Pipeline,
+    h: &Tensor,
+    samples: usize,
+) -> Result<Vec<(&'static str, f64)>, PipelineError> {
+    let mut steps = ExportSteps::new(p, h, samples)?;
+    for i in 0..samples {
+        steps.once(h)?;
+        if i % 1024 == 1023 {
+            p.synchronize();
+        }
+    }
+    Ok(steps.medians())
 }
