@@ -61,9 +61,9 @@ __all__ = [
 __version__ = "0.1.0"
 
 # Runs while the interpreter is still whole: every queued release is done (the GIL is
-# released while waiting), and hand-offs released later, during finalization, behind a
-# device stream are leaked instead of queued (the reaper thread could no longer run a
-# producer's deleter that takes the GIL).
+# released while waiting) and the producers' deleters they made due are run on this,
+# the main, thread; hand-offs released later, during finalization, behind a device
+# stream are released on the finalizing thread after a wait for the consumer's stream.
 _atexit.register(_shutdown)
 
 
