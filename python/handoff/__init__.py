@@ -26,6 +26,12 @@ legacy default stream, ``2`` the per-thread default stream of the calling thread
 no synchronization (the release then waits for the legacy default stream, which covers
 every blocking stream), or a ``CUstream`` handle; ``0`` and other negative values raise
 ``ValueError``. Host tensors are released at once when the consumer lets go.
+
+The producer's deleter (which gives its memory back) runs on the main thread, between
+two bytecodes, with the GIL, as if a Python consumer had let go there: JAX's deleter
+must not run beside JAX's own ``__dlpack__``, which releases the GIL. A program whose
+main thread blocks for long while other threads hand off (a ``join``) gets that memory
+back when the main thread runs Python again, or at ``handoff.flush()``.
 """
 
 from __future__ import annotations
