@@ -160,12 +160,12 @@ impl Handoff {
         ready: Ready,
         release: Release,
     ) -> Result<Handoff> {
-        let prepared = {
+        let (prepared, device) = {
             let desc = describe(&keep_alive)?;
             let mut flags = DlpackFlags::empty();
             flags.set(DlpackFlags::READ_ONLY, desc.read_only);
             flags.set(DlpackFlags::IS_COPIED, desc.is_copied);
-            managed::prepare::<K>(&Parts {
+            let parts = Parts {
                 data: desc.data,
                 device: desc.device.to_dlpack(),
                 dtype: desc.dtype,
@@ -173,7 +173,11 @@ impl Handoff {
                 strides: desc.strides.as_deref(),
                 byte_offset: desc.byte_offset,
                 flags,
-            })?
+            };
+            // The description is checked once, here, before the keep-alive moves in;
+            // the tensor laid out from it is handoff's own and not read back.
+            let prepared = managed::prepare::<K>(&parts)?;
+            (prepared, validate::check_parts(&parts, Access::Read)?.device)
         };
         let release_after = match release {
             Release::AfterConsumer => Some(consumer.clone()),
@@ -181,22 +185,8 @@ impl Handoff {
         };
         let managed =
             prepared.finish(Owner { keep_alive: Some(keep_alive), release_after }).map_err(|(e, _)| e)?;
-        Self::checked(managed, consumer.clone(), ready, Access::Read, Counter::Exports)
-    }
-
-    fn checked(
-        managed: Managed<DLManagedTensorVersioned>,
-        consumer: Stream,
-        ready: Ready,
-        access: Access,
-        counter: Counter,
-    ) -> Result<Handoff> {
-        // SAFETY: the managed tensor is owned and its metadata lives as long as it.
-        let tensor = unsafe { managed.tensor() };
-        // SAFETY: `tensor` is the owned tensor's metadata, readable as above.
-        let checked = unsafe { validate::check(tensor, Some(managed.version()), managed.flags(), access) }?;
-        stats::count(counter, 1);
-        Ok(Handoff { managed, device: checked.device, consumer, ready })
+        stats::count(Counter::Exports, 1);
+        Ok(Handoff { managed, device, consumer: consumer.clone(), ready })
     }
 
     /// Takes in a foreign `DLManagedTensorVersioned` that its producer has already
@@ -222,8 +212,8 @@ impl Handoff {
         })?;
         let flags = foreign.flags();
         // SAFETY: owned, version checked; check() bounds every read.
-        unsafe { validate::check(foreign.tensor(), Some(foreign.version()), flags, access) }?;
-        Self::adopt(foreign, flags, consumer, access)
+        let checked = unsafe { validate::check(foreign.tensor(), Some(foreign.version()), flags, access) }?;
+        Self::adopt(foreign, flags, checked.device, consumer)
     }
 
     /// Takes in a foreign legacy `DLManagedTensor`, as [`Handoff::from_raw`] does.
@@ -238,16 +228,18 @@ impl Handoff {
         // SAFETY: forwarded from the caller.
         let foreign = unsafe { Managed::from_raw(ptr) }.map_err(|_| ValidationError::NullPointer)?;
         // SAFETY: owned (legacy ABI: no version); check() bounds every read.
-        unsafe { validate::check(foreign.tensor(), None, DlpackFlags::empty(), access) }?;
-        Self::adopt(foreign, DlpackFlags::empty(), consumer, access)
+        let checked = unsafe { validate::check(foreign.tensor(), None, DlpackFlags::empty(), access) }?;
+        Self::adopt(foreign, DlpackFlags::empty(), checked.device, consumer)
     }
 
-    /// Re-wraps a validated foreign tensor so that its deleter, too, runs in stream order.
+    /// Re-wraps a validated foreign tensor (on `device`) so that its deleter, too, runs
+    /// in stream order. The re-wrapped tensor says what the foreign one said (its
+    /// compact strides canonical) and is not checked again.
     fn adopt<M: ManagedTensorBase + 'static>(
         foreign: Managed<M>,
         flags: DlpackFlags,
+        device: Device,
         consumer: &Stream,
-        access: Access,
     ) -> Result<Handoff> {
         // SAFETY: validated above; metadata is immutable while owned.
         let t: DLTensor = *unsafe { foreign.tensor() };
@@ -275,7 +267,8 @@ impl Handoff {
         let prepared = managed::prepare::<Managed<M>>(&parts)?;
         let owner = Owner { keep_alive: Some(foreign), release_after: Some(consumer.clone()) };
         let managed = prepared.finish(owner).map_err(|(e, _)| e)?;
-        Self::checked(managed, consumer.clone(), Ready::Elided, access, Counter::Imports)
+        stats::count(Counter::Imports, 1);
+        Ok(Handoff { managed, device, consumer: consumer.clone(), ready: Ready::Elided })
     }
 
     /// Gives the hand-off to a consumer type (counted as an import).

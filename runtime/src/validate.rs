@@ -6,8 +6,9 @@
 use crate::device::Device;
 use crate::dtype::{self, DataType};
 use crate::error::ValidationError;
+use crate::managed::Parts;
 use dlpark::DlpackFlags;
-use dlpark::ffi::{DLPackVersion, DLTensor};
+use dlpark::ffi::{DLDevice, DLPackVersion, DLTensor};
 use dlpark::tensor::Error as DlparkError;
 
 /// The most dimensions a hand-off may have.
@@ -29,7 +30,9 @@ pub(crate) struct Checked {
     pub device: Device,
 }
 
-/// Checks a descriptor. `version` is `None` for the legacy ABI.
+/// Checks a foreign descriptor: its structure (the scalar fields, then what `ndim`
+/// bounds behind the shape and strides pointers, read by dlpark), then its layout
+/// ([`check_layout`]). `version` is `None` for the legacy ABI.
 ///
 /// # Safety
 /// `tensor.shape` and `tensor.strides`, when non-null, must point to `tensor.ndim`
@@ -40,20 +43,7 @@ pub(crate) unsafe fn check(
     flags: DlpackFlags,
     access: Access,
 ) -> Result<Checked, ValidationError> {
-    let known = DlpackFlags::READ_ONLY | DlpackFlags::IS_COPIED | DlpackFlags::IS_SUBBYTE_TYPE_PADDED;
-    if !known.contains(flags) {
-        return Err(ValidationError::UnknownFlags { flags: flags.bits() });
-    }
-    let device = Device::from_dlpack(tensor.device)?;
-    dtype::check(tensor.dtype)?;
-    // Every byte count of handoff and its adapters assumes packed sub-byte elements;
-    // on whole-byte dtypes the flag changes nothing.
-    if flags.contains(DlpackFlags::IS_SUBBYTE_TYPE_PADDED) && tensor.dtype.bits < 8 {
-        return Err(ValidationError::SubbytePadded {
-            dtype: dtype::name(tensor.dtype),
-            bits: tensor.dtype.bits,
-        });
-    }
+    let device = check_scalars(tensor.device, tensor.dtype, flags)?;
     if tensor.ndim < 0 {
         return Err(ValidationError::NegativeNdim { ndim: tensor.ndim });
     }
@@ -69,31 +59,96 @@ pub(crate) unsafe fn check(
     }
     // SAFETY: ndim is within bounds and the caller vouches for the pointers.
     let view = unsafe { dlpark::tensor::TensorRef::from_raw(tensor) }.map_err(|e| from_dlpark(e, tensor))?;
-    let shape = view.shape();
-    let elements = view.num_elements();
+    let layout = Layout {
+        shape: view.shape(),
+        strides: view.strides(),
+        dtype: tensor.dtype,
+        data: tensor.data as usize,
+        byte_offset: tensor.byte_offset,
+        flags,
+    };
+    check_layout(&layout, access)?;
+    Ok(Checked { device })
+}
+
+/// Checks a description handoff lays out itself (an adapter's [`TensorDesc`], or a
+/// foreign tensor [`check`] has accepted, re-wrapped): the same rules as [`check`]
+/// but the structural reading of a foreign `DLTensor`, which `managed::prepare` did
+/// when it laid the shape and strides out (rank, negative dimensions, lengths).
+///
+/// [`TensorDesc`]: crate::TensorDesc
+pub(crate) fn check_parts(parts: &Parts<'_>, access: Access) -> Result<Checked, ValidationError> {
+    let device = check_scalars(parts.device, parts.dtype, parts.flags)?;
+    let layout = Layout {
+        shape: parts.shape,
+        strides: parts.strides,
+        dtype: parts.dtype,
+        data: parts.data as usize,
+        byte_offset: parts.byte_offset,
+        flags: parts.flags,
+    };
+    check_layout(&layout, access)?;
+    Ok(Checked { device })
+}
+
+/// The flags, the device and the element type.
+fn check_scalars(device: DLDevice, dtype: DataType, flags: DlpackFlags) -> Result<Device, ValidationError> {
+    let known = DlpackFlags::READ_ONLY | DlpackFlags::IS_COPIED | DlpackFlags::IS_SUBBYTE_TYPE_PADDED;
+    if !known.contains(flags) {
+        return Err(ValidationError::UnknownFlags { flags: flags.bits() });
+    }
+    let device = Device::from_dlpack(device)?;
+    dtype::check(dtype)?;
+    // Every byte count of handoff and its adapters assumes packed sub-byte elements;
+    // on whole-byte dtypes the flag changes nothing.
+    if flags.contains(DlpackFlags::IS_SUBBYTE_TYPE_PADDED) && dtype.bits < 8 {
+        return Err(ValidationError::SubbytePadded { dtype: dtype::name(dtype), bits: dtype.bits });
+    }
+    Ok(device)
+}
+
+/// What a description says of its memory. `shape` has no negative dimension and
+/// `strides`, when given, as many values (checked before).
+struct Layout<'a> {
+    shape: &'a [i64],
+    /// `None`: compact, row-major.
+    strides: Option<&'a [i64]>,
+    dtype: DataType,
+    data: usize,
+    byte_offset: u64,
+    flags: DlpackFlags,
+}
+
+/// The rules on the memory a layout reaches: its counts fit, its data pointer is
+/// there, aligned, and every byte it reaches is an address; and, for a writer, it is
+/// writable and no element is reached twice.
+fn check_layout(l: &Layout<'_>, access: Access) -> Result<(), ValidationError> {
+    let (shape, dtype) = (l.shape, l.dtype);
+    let overflow = || ValidationError::ShapeOverflow { shape: shape.to_vec() };
     // The dimensions must multiply within isize even when another is 0 (an empty
     // tensor): what every consumer indexes, and the same whatever the order.
     let nonzero = shape.iter().filter(|&&d| d != 0).try_fold(1usize, |a, &d| a.checked_mul(d as usize));
-    if view.num_bytes() > isize::MAX as usize || nonzero.is_none_or(|n| n > isize::MAX as usize) {
-        return Err(ValidationError::ShapeOverflow { shape: shape.to_vec() });
+    let nonzero = nonzero.filter(|&n| n <= isize::MAX as usize).ok_or_else(overflow)?;
+    let elements = if shape.contains(&0) { 0 } else { nonzero };
+    let bits = u128::from(dtype.bits) * u128::from(dtype.lanes);
+    if (elements as u128 * bits).div_ceil(8) > isize::MAX as u128 {
+        return Err(overflow());
     }
-    if elements > 0 {
-        // The furthest element from the start, in elements, either way. Null strides
-        // (compact) span exactly the elements, already bounded above.
-        if let Some(strides) = view.strides() {
-            let span: i128 =
-                shape.iter().zip(strides).map(|(&d, &s)| (d as i128 - 1) * (s as i128).abs()).sum();
-            if (span + 1) * tensor.dtype.element_size() as i128 > isize::MAX as i128 {
-                return Err(ValidationError::ExtentOverflow {
-                    shape: shape.to_vec(),
-                    strides: strides.to_vec(),
-                    dtype: dtype::name(tensor.dtype),
-                });
-            }
+    if elements > 0
+        && let Some(strides) = l.strides
+    {
+        // The furthest element from the start, in elements, either way. Compact
+        // strides span exactly the elements, already bounded above.
+        let span: i128 = shape.iter().zip(strides).map(|(&d, &s)| (d as i128 - 1) * (s as i128).abs()).sum();
+        if (span + 1) * dtype.element_size() as i128 > isize::MAX as i128 {
+            return Err(ValidationError::ExtentOverflow {
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+                dtype: dtype::name(dtype),
+            });
         }
     }
-    let data = tensor.data as usize;
-    let byte_offset = tensor.byte_offset;
+    let (data, byte_offset) = (l.data, l.byte_offset);
     if data == 0 && elements > 0 {
         return Err(ValidationError::NullData { elements });
     }
@@ -104,28 +159,26 @@ pub(crate) unsafe fn check(
     let Some(start) = start else {
         return Err(ValidationError::ByteOffsetOverflow { data, byte_offset });
     };
-    let align = dtype::alignment(tensor.dtype);
+    let align = dtype::alignment(dtype);
     if start % align != 0 {
-        return Err(ValidationError::Misaligned {
-            data,
-            byte_offset,
-            align,
-            dtype: dtype::name(tensor.dtype),
-        });
+        return Err(ValidationError::Misaligned { data, byte_offset, align, dtype: dtype::name(dtype) });
     }
     if elements > 0 {
-        let strides = view.strides_or_compact().map_err(|e| from_dlpark(e, tensor))?;
+        // Compact memory reaches its packed bytes from the first element on.
+        let extent = match l.strides {
+            Some(strides) => byte_extent(shape, strides, dtype),
+            None => Some((0, (elements as u128 * bits).div_ceil(8) as i128)),
+        };
+        // Bounded by the extent check above (at most isize::MAX bytes either way).
+        let extent = extent.and_then(|(lo, hi)| Some((i64::try_from(lo).ok()?, u64::try_from(hi).ok()?)));
         let outside = |first_byte: i64, end_byte: u64| ValidationError::OutsideAddressSpace {
             data,
             byte_offset,
             shape: shape.to_vec(),
-            strides: strides.to_vec(),
+            strides: l.strides.map_or_else(|| compact_strides(shape), <[i64]>::to_vec),
             first_byte,
             end_byte,
         };
-        // Bounded by the extent check above (at most isize::MAX bytes either way).
-        let extent = byte_extent(shape, &strides, tensor.dtype)
-            .and_then(|(lo, hi)| Some((i64::try_from(lo).ok()?, u64::try_from(hi).ok()?)));
         let Some((lo, hi)) = extent else {
             return Err(outside(i64::MIN, u64::MAX));
         };
@@ -135,16 +188,25 @@ pub(crate) unsafe fn check(
             return Err(outside(lo, hi));
         }
     }
-    if access == Access::Write && flags.contains(DlpackFlags::READ_ONLY) {
+    if access == Access::Write && l.flags.contains(DlpackFlags::READ_ONLY) {
         return Err(ValidationError::ReadOnly);
     }
     if access == Access::Write
-        && let Some(strides) = view.strides()
+        && let Some(strides) = l.strides
         && !is_non_overlapping(shape, strides)
     {
         return Err(ValidationError::OverlappingWrite { shape: shape.to_vec(), strides: strides.to_vec() });
     }
-    Ok(Checked { device })
+    Ok(())
+}
+
+/// Row-major compact strides of `shape` (for messages; saturating).
+fn compact_strides(shape: &[i64]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1].saturating_mul(shape[i + 1].max(1));
+    }
+    strides
 }
 
 /// Whether `strides` (in elements) lay `shape` out compact and row-major, as DLPack
