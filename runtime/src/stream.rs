@@ -103,9 +103,25 @@ impl EventPool {
     }
 
     fn put(&self, backend: &dyn Backend, event: RawEvent) {
+        self.put_all(backend, &[event]);
+    }
+
+    /// Moves up to `into.len()` free events into `into` under one lock; returns how
+    /// many (none when the pool has none free).
+    fn take_free(&self, into: &mut [RawEvent]) -> usize {
+        let Ok(mut f) = self.free.lock() else { return 0 };
+        let n = into.len().min(f.len());
+        let from = f.len() - n;
+        into[..n].copy_from_slice(&f[from..]);
+        f.truncate(from);
+        n
+    }
+
+    /// Gives `events` back under one lock (destroys them if the pool is poisoned).
+    fn put_all(&self, backend: &dyn Backend, events: &[RawEvent]) {
         match self.free.lock() {
-            Ok(mut f) => f.push(event),
-            Err(_) => backend.destroy_event(event),
+            Ok(mut f) => f.extend_from_slice(events),
+            Err(_) => events.iter().for_each(|&e| backend.destroy_event(e)),
         }
     }
 }
@@ -172,14 +188,19 @@ impl BackendRef {
 
 /// A few free events of one process-lived backend (CUDA's, the host's) that each
 /// thread keeps, so that ordering and releasing take and give back their event
-/// without the pool's lock, which the reaper's thread takes too. They go back to the
-/// pool when the thread ends.
+/// without the pool's lock, which the reaper's thread takes too. A thread that runs
+/// out refills half its room from the pool, and one with no room left gives half back,
+/// each under one lock: a thread that releases (takes events) while the reaper gives
+/// them back touches the pool once per few events, not once per event. They go back
+/// to the pool when the thread ends.
 mod spare {
     use super::{Backend, RawEvent};
     use crate::error::Result;
     use std::cell::RefCell;
 
-    const KEPT: usize = 4;
+    const KEPT: usize = 8;
+    /// How many events a refill takes and a spill gives back at once.
+    const BATCH: usize = KEPT / 2;
 
     struct Spares {
         backend: Option<&'static dyn Backend>,
@@ -190,9 +211,7 @@ mod spare {
     impl Drop for Spares {
         fn drop(&mut self) {
             if let Some(b) = self.backend {
-                for &e in &self.events[..self.len] {
-                    b.event_pool().put(b, e);
-                }
+                b.event_pool().put_all(b, &self.events[..self.len]);
             }
         }
     }
@@ -209,7 +228,16 @@ mod spare {
         let kept = SPARES
             .try_with(|s| {
                 let mut s = s.borrow_mut();
-                (same(s.backend, b) && s.len > 0).then(|| {
+                if s.len == 0 {
+                    // Refill from the pool (one lock), for this backend.
+                    let n = b.event_pool().take_free(&mut s.events[..BATCH]);
+                    if n == 0 {
+                        return None;
+                    }
+                    s.backend = Some(b);
+                    s.len = n;
+                }
+                same(s.backend, b).then(|| {
                     s.len -= 1;
                     s.events[s.len]
                 })
@@ -229,13 +257,19 @@ mod spare {
                 if s.len == 0 {
                     s.backend = Some(b);
                 }
-                let keep = same(s.backend, b) && s.len < KEPT;
-                if keep {
-                    let n = s.len;
-                    s.events[n] = event;
-                    s.len += 1;
+                if !same(s.backend, b) {
+                    return false;
                 }
-                keep
+                if s.len == KEPT {
+                    // Full: the older half goes back to the pool (one lock).
+                    b.event_pool().put_all(b, &s.events[..BATCH]);
+                    s.events.copy_within(BATCH.., 0);
+                    s.len -= BATCH;
+                }
+                let n = s.len;
+                s.events[n] = event;
+                s.len += 1;
+                true
             })
             .unwrap_or(false);
         if !kept {
@@ -553,6 +587,7 @@ mod tests {
         // Process-lived, as CUDA's backends are.
         static LASTING: Quiet = Quiet::new();
         let s = Stream::with_backend(BackendRef::Process(&LASTING), 1);
+        let s2 = s.clone();
         let pool = &LASTING.pool;
         std::thread::spawn(move || {
             // One event, reused through this thread's spares: none created again, and
@@ -562,16 +597,28 @@ mod tests {
             }
             assert_eq!(LASTING.created.load(Ordering::SeqCst), 1);
             assert_eq!(pool.free(), 0);
-            // Six at once: four stay with the thread, two go back to the pool.
-            let held: Vec<Event> = (0..6).map(|_| s.record().unwrap()).collect();
+            // Ten at once: eight stay with the thread; the ninth finds no room, and the
+            // older half (four) goes back to the pool in one go.
+            let held: Vec<Event> = (0..10).map(|_| s.record().unwrap()).collect();
             drop(held);
-            assert_eq!(pool.free(), 2);
+            assert_eq!(pool.free(), 4);
         })
         .join()
         .unwrap();
         // The thread ended: its spares went back.
-        assert_eq!(pool.free(), 6);
-        assert_eq!(LASTING.created.load(Ordering::SeqCst), 6);
+        assert_eq!(pool.free(), 10);
+        assert_eq!(LASTING.created.load(Ordering::SeqCst), 10);
+        // A thread that runs out takes half its room from the pool at once.
+        std::thread::spawn(move || {
+            let e = s2.record().unwrap();
+            assert_eq!(pool.free(), 6);
+            drop(e);
+            assert_eq!(pool.free(), 6);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(pool.free(), 10);
+        assert_eq!(LASTING.created.load(Ordering::SeqCst), 10, "none created: all came from the pool");
     }
 
     #[test]
