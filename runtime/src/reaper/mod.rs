@@ -74,6 +74,29 @@ type KeepAlive = Box<dyn Send>;
 /// per-thread default stream) its thread: two threads' such streams are different
 /// streams, and their events must not share one in-order lane.
 type StreamKey = (usize, RawStream, Option<ThreadId>);
+
+/// Hashes a [`StreamKey`] (a backend's address, a stream handle, a thread id) with a
+/// rotate, xor and multiply per word: each release looks its lane up, and SipHash's
+/// defence against chosen keys buys nothing for keys the process makes itself.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 type BatchId = u64;
 
 struct Pending {
@@ -95,7 +118,7 @@ struct Lane {
 
 #[derive(Default)]
 struct Queue {
-    lanes: HashMap<StreamKey, Lane>,
+    lanes: HashMap<StreamKey, Lane, std::hash::BuildHasherDefault<KeyHasher>>,
     next_batch: BatchId,
     shutdown: bool,
     /// The background thread waits on `wake` (it found nothing queued for

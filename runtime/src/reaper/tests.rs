@@ -507,3 +507,21 @@ fn a_release_after_the_background_thread_parked_wakes_it() {
         "a release made while the background thread was parked was not done within 5 s"
     );
 }
+
+#[test]
+fn lane_keys_that_differ_in_any_part_hash_apart() {
+    use std::hash::BuildHasher;
+    let h = std::hash::BuildHasherDefault::<KeyHasher>::default();
+    let here = std::thread::current().id();
+    let there = std::thread::spawn(|| std::thread::current().id()).join().unwrap();
+    let keys: [StreamKey; 6] = [
+        (0x1000, 0, None),
+        (0x1008, 0, None),
+        (0x1000, 7, None),
+        (0x1000, 2, Some(here)),
+        (0x1000, 2, Some(there)),
+        (0x1000, 2, None),
+    ];
+    let hashes: std::collections::HashSet<u64> = keys.iter().map(|k| h.hash_one(k)).collect();
+    assert_eq!(hashes.len(), keys.len(), "every part of a key reaches its hash");
+}
