@@ -141,17 +141,7 @@ pub fn measure<'p>(
     ] = &mut d;
     // The bare torch -> XLA steps: PyTorch's side (its stream, describe, recordStream,
     // the raw pair), then the view.
-    let bare_torch_export = || -> Result<*mut std::ffi::c_void, PipelineError> {
-        let ts = handoff_torch::cuda::current_raw_stream(0)?;
-        let ptr = torch_floor::describe(h).map_err(shim)?;
-        torch_floor::record_stream(h, 0, ready_raw).map_err(shim)?;
-        // SAFETY: a live event and two streams of the primary context.
-        unsafe {
-            sys::cuEventRecord(ev_order, ts as usize as sys::CUstream);
-            sys::cuStreamWaitEvent(ready_raw as usize as sys::CUstream, ev_order, 0);
-        }
-        Ok(ptr)
-    };
+    let bare_torch_export = || bare_export(h, ev_order, ready_raw);
     let bare_view = |ptr| -> Result<xla_floor::RawBuffer, PipelineError> {
         // SAFETY: `h` is live and of this layout while the view is (dropped in the loop).
         Ok(unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw) }?)
@@ -366,20 +356,51 @@ impl<'a> ExportSteps<'a> {
     }
 }
 
-/// The torch export of `h` to XLA's ready stream, step by step, each step in a loop of
-/// its own export after export (medians of `samples`, µs, in the order taken): where
-/// the export's time above its floor goes, away from the floor loop's company.
+/// The bare calls of a torch export to XLA's ready stream (`ready_raw`): PyTorch's
+/// current stream, the shim's describe and `recordStream`, and the raw record + wait
+/// pair on `event`. Returns the data pointer.
+fn bare_export(
+    h: &Tensor,
+    event: sys::CUevent,
+    ready_raw: u64,
+) -> Result<*mut std::ffi::c_void, PipelineError> {
+    let ts = handoff_torch::cuda::current_raw_stream(0)?;
+    let ptr = torch_floor::describe(h).map_err(shim)?;
+    torch_floor::record_stream(h, 0, ready_raw).map_err(shim)?;
+    // SAFETY: a live event and two streams of the primary context.
+    unsafe {
+        sys::cuEventRecord(event, ts as usize as sys::CUstream);
+        sys::cuStreamWaitEvent(ready_raw as usize as sys::CUstream, event, 0);
+    }
+    Ok(ptr)
+}
+
+/// The torch export of `h` to XLA's ready stream away from the floor loop's company,
+/// export after export (medians of `samples`, µs): each step in the order taken, then
+/// the whole export and its floor (the bare calls), each timed in the same loop.
 pub fn torch_export_steps(
     p: &Pipeline,
     h: &Tensor,
     samples: usize,
 ) -> Result<Vec<(&'static str, f64)>, PipelineError> {
     let mut steps = ExportSteps::new(p, h, samples)?;
+    let ready = p.xla_kernel().ready_stream();
+    let ready_raw = steps.ready_raw;
+    let ev = event()?;
+    let (mut whole, mut bare) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
     for i in 0..samples {
         steps.once(h)?;
+        whole.push(timed_once(|| handoff_torch::export(h, ready))?);
+        bare.push(timed_once(|| bare_export(h, ev, ready_raw))?);
         if i % 1024 == 1023 {
             p.synchronize();
         }
     }
-    Ok(steps.medians())
+    p.synchronize();
+    // SAFETY: an event created above, no longer used (the device is idle).
+    unsafe { sys::cuEventDestroy_v2(ev) };
+    let mut out = steps.medians();
+    out.push(("whole export", model::median_us(&mut whole)));
+    out.push(("its floor", model::median_us(&mut bare)));
+    Ok(out)
 }
