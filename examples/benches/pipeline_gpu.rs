@@ -241,6 +241,42 @@ fn timed(
     Ok(model::median_us(&mut per_iter) / 1e3)
 }
 
+/// The pipeline with PyTorch working on XLA's ready stream, and what it counted.
+struct Shared {
+    ms: f64,
+    stats: stats::Stats,
+    correct: bool,
+}
+
+/// Times the handoff pipeline with PyTorch's current stream set to the XLA kernel's
+/// ready stream, so that both frameworks work on one stream: the torch -> XLA wait is
+/// elided (the runtime sees one stream) and the memory goes back at once. PyTorch's
+/// stream is restored after. `None` when the ready stream is not a CUDA stream.
+fn shared_stream(
+    p: &Pipeline,
+    x0: &Tensor,
+    iters: usize,
+    reps: usize,
+) -> Result<Option<Shared>, PipelineError> {
+    let Some((_, ready)) = handoff::cuda::raw_stream(p.xla_kernel().ready_stream()) else {
+        return Ok(None);
+    };
+    let previous = handoff_torch::cuda::current_raw_stream(0)?;
+    p.synchronize();
+    handoff_torch::cuda::set_current_raw_stream(0, ready)?;
+    let run = || -> Result<Shared, PipelineError> {
+        let (rtol, atol) = Dtype::Bf16.step_tolerance();
+        let correct = model::allclose(&p.step(x0, None)?, &p.torch_step(x0)?, rtol, atol)?;
+        let before = stats::stats();
+        let ms = timed(p, x0, iters, reps, |x| p.step(x, None))?;
+        Ok(Shared { ms, stats: stats::stats().since(&before), correct })
+    };
+    let r = run();
+    p.synchronize();
+    handoff_torch::cuda::set_current_raw_stream(0, previous)?;
+    r.map(Some)
+}
+
 /// GPU clock cycles of `at::cuda::sleep` that keep PyTorch's stream busy for `ms`.
 fn cycles_for(p: &Pipeline, ms: f64) -> Result<i64, PipelineError> {
     handoff_torch::cuda::sleep(0, 1000)?; // loads the kernel
@@ -291,6 +327,7 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
     let ms_synced = timed(&p, &x0, iters, args.reps, |x| lower.step_synced(x))?;
     let s_synced = stats::stats().since(&before);
     let steps = ((iters * args.reps) + 3) as f64;
+    let shared = shared_stream(&p, &x0, iters, args.reps)?;
 
     // Where the host time of a step goes.
     let mut phases = Phases::default();
@@ -527,6 +564,30 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
         .n("correct", correct)
         .n("pass", proof_ok)
         .print();
+    if let Some(sh) = &shared {
+        println!(
+            "shared stream {n}x{n}: PyTorch on XLA's ready stream, handoff {:.4} ms ({:.3}x tch); waits enqueued {:.2}, \
+             elided {:.2} per step; host syncs {}, copies {}; one step vs PyTorch: {}",
+            sh.ms,
+            sh.ms / ms_torch,
+            sh.stats.waits_enqueued as f64 / steps,
+            sh.stats.waits_elided as f64 / steps,
+            sh.stats.host_syncs,
+            sh.stats.copies,
+            if sh.correct { "ok" } else { "FAILED" }
+        );
+        base("handoff_shared_stream", &p)
+            .n("iters", iters)
+            .n("reps", args.reps)
+            .f("ms_per_iter", sh.ms, 4)
+            .f("ratio_to_torch", sh.ms / ms_torch, 3)
+            .n("host_syncs", sh.stats.host_syncs)
+            .n("copies", sh.stats.copies)
+            .f("waits_enqueued_per_iter", sh.stats.waits_enqueued as f64 / steps, 2)
+            .f("waits_elided_per_iter", sh.stats.waits_elided as f64 / steps, 2)
+            .print();
+        ok &= sh.correct && sh.stats.host_syncs == 0 && sh.stats.copies == 0;
+    }
     println!("host time per step by phase (mean of {} steps):", phases.steps);
     for (name, d) in phases.list() {
         println!("  {name:<22} {:>8.2} us", per_step(d));
