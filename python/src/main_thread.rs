@@ -54,7 +54,7 @@ fn on_main_thread() -> bool {
 
 /// Runs `job` with the GIL on the main thread: now when called there, else at the
 /// main thread's next bytecode boundary (or the next [`run_queued`]). Any thread, with
-/// or without the GIL; it takes no lock that a thread holding the GIL waits on.
+/// or without the GIL; it never waits for the GIL while it holds the queue's lock.
 pub fn run_on_main(job: Job) {
     if on_main_thread() {
         run_attached(job);
