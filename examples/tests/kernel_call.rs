@@ -286,3 +286,38 @@ fn gpu_kernel_call_with_two_inputs_and_outputs() {
     assert!(close(&out, &(&x + model::ln_gelu_torch(&h_ref).unwrap())));
     println!("kernel call residual (cpu, cuda) on cuda:0: right, {d}");
 }
+
+/// PyTorch on XLA's ready stream (`use_stream`, as the README shows): the runtime sees
+/// one stream, so the input's wait is elided, and the result is still right with the
+/// input's write queued behind 50 ms of GPU work on that stream, the call returning
+/// at once. (What an elided wait reads when the write is on another stream is the
+/// control of `gpu_kernel_call_orders_on_the_gpu_and_never_waits`: stale data.)
+#[test]
+fn gpu_kernel_call_with_pytorch_on_xlas_stream_elides_the_wait_and_stays_right() {
+    let Some(client) = gpu_client() else { return };
+    let k = kernel(&client, LN_GELU_CPU_CUDA);
+    let ready = handoff::cuda::raw_stream(k.ready_stream()).expect("XLA's ready stream is a CUDA stream").1;
+    let _on_xla = handoff_torch::cuda::use_stream(k.ready_stream()).unwrap();
+    assert_eq!(handoff_torch::cuda::current_raw_stream(0).unwrap(), ready);
+    let cycles = cycles_for(QUEUED_MS);
+    let limit = Duration::from_secs_f64(QUEUED_MS / 5.0 / 1e3);
+    let _ = trial(&k, &Tensor::randn([8, 16], (Kind::Float, Device::Cuda(0))), 1000, false);
+    let (mut right, mut fast, mut clean, mut busy, mut elided) = (0, 0, 0, 0, 0);
+    let mut slowest = Duration::ZERO;
+    for _ in 0..TRIALS {
+        let src = Tensor::randn([8, 16], (Kind::Float, Device::Cuda(0)));
+        let ((ok, took, syncs_and_copies, still_busy), d) = stats::measure(|| trial(&k, &src, cycles, false));
+        right += usize::from(ok);
+        fast += usize::from(took < limit);
+        clean += usize::from(syncs_and_copies == 0);
+        busy += usize::from(still_busy);
+        elided += usize::from(d.waits_elided >= 1);
+        slowest = slowest.max(took);
+    }
+    println!(
+        "kernel call on XLA's stream: right {right}/{TRIALS}, returned within {limit:?} {fast}/{TRIALS} \
+         (slowest {slowest:?}), 0 host syncs and copies {clean}/{TRIALS}, GPU still busy after {busy}/{TRIALS}, \
+         input wait elided {elided}/{TRIALS}"
+    );
+    assert_eq!((right, fast, clean, busy, elided), (TRIALS, TRIALS, TRIALS, TRIALS, TRIALS));
+}
