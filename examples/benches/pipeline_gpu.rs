@@ -261,20 +261,16 @@ fn shared_stream(
     let Some((_, ready)) = handoff::cuda::raw_stream(p.xla_kernel().ready_stream()) else {
         return Ok(None);
     };
-    let previous = handoff_torch::cuda::current_raw_stream(0)?;
     p.synchronize();
-    handoff_torch::cuda::set_current_raw_stream(0, ready)?;
-    let run = || -> Result<Shared, PipelineError> {
-        let (rtol, atol) = Dtype::Bf16.step_tolerance();
-        let correct = model::allclose(&p.step(x0, None)?, &p.torch_step(x0)?, rtol, atol)?;
-        let before = stats::stats();
-        let ms = timed(p, x0, iters, reps, |x| p.step(x, None))?;
-        Ok(Shared { ms, stats: stats::stats().since(&before), correct })
-    };
-    let r = run();
+    // PyTorch's stream is restored when the guard drops, on every path.
+    let _on_xla = handoff_torch::cuda::use_raw_stream(0, ready)?;
+    let (rtol, atol) = Dtype::Bf16.step_tolerance();
+    let correct = model::allclose(&p.step(x0, None)?, &p.torch_step(x0)?, rtol, atol)?;
+    let before = stats::stats();
+    let ms = timed(p, x0, iters, reps, |x| p.step(x, None))?;
+    let counted = stats::stats().since(&before);
     p.synchronize();
-    handoff_torch::cuda::set_current_raw_stream(0, previous)?;
-    r.map(Some)
+    Ok(Some(Shared { ms, stats: counted, correct }))
 }
 
 /// GPU clock cycles of `at::cuda::sleep` that keep PyTorch's stream busy for `ms`.

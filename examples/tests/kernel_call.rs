@@ -230,6 +230,36 @@ fn trial(k: &Kernel, src: &Tensor, cycles: i64, lie: bool) -> (bool, Duration, u
     (right, took, d.host_syncs + d.copies, busy)
 }
 
+/// What `TRIALS` honest trials (`trial` without `lie`) came to.
+struct Tally {
+    /// Results equal to PyTorch's.
+    right: usize,
+    /// Calls that returned within `limit`.
+    fast: usize,
+    /// Calls with no host sync and no copy.
+    clean: usize,
+    /// Calls after which the GPU was still busy.
+    busy: usize,
+    /// Trials in which at least one wait was elided.
+    elided: usize,
+    slowest: Duration,
+}
+
+fn tally(k: &Kernel, cycles: i64, limit: Duration) -> Tally {
+    let mut t = Tally { right: 0, fast: 0, clean: 0, busy: 0, elided: 0, slowest: Duration::ZERO };
+    for _ in 0..TRIALS {
+        let src = Tensor::randn([8, 16], (Kind::Float, Device::Cuda(0)));
+        let ((ok, took, syncs_and_copies, still_busy), d) = stats::measure(|| trial(k, &src, cycles, false));
+        t.right += usize::from(ok);
+        t.fast += usize::from(took < limit);
+        t.clean += usize::from(syncs_and_copies == 0);
+        t.busy += usize::from(still_busy);
+        t.elided += usize::from(d.waits_elided >= 1);
+        t.slowest = t.slowest.max(took);
+    }
+    t
+}
+
 #[test]
 fn gpu_kernel_call_orders_on_the_gpu_and_never_waits() {
     let Some(client) = gpu_client() else { return };
@@ -246,17 +276,7 @@ fn gpu_kernel_call_orders_on_the_gpu_and_never_waits() {
         // Warm up (first execution loads the kernel).
         let src = Tensor::randn([8, 16], (Kind::Float, Device::Cuda(0)));
         let _ = trial(&k, &src, 1000, false);
-        let (mut right, mut fast, mut clean, mut busy) = (0, 0, 0, 0);
-        let mut slowest = Duration::ZERO;
-        for _ in 0..TRIALS {
-            let src = Tensor::randn([8, 16], (Kind::Float, Device::Cuda(0)));
-            let (ok, took, syncs_and_copies, still_busy) = trial(&k, &src, cycles, false);
-            right += usize::from(ok);
-            fast += usize::from(took < limit);
-            clean += usize::from(syncs_and_copies == 0);
-            busy += usize::from(still_busy);
-            slowest = slowest.max(took);
-        }
+        let Tally { right, fast, clean, busy, slowest, .. } = tally(&k, cycles, limit);
         let mut stale = 0;
         for _ in 0..TRIALS {
             let src = Tensor::randn([8, 16], (Kind::Float, Device::Cuda(0)));
@@ -302,18 +322,7 @@ fn gpu_kernel_call_with_pytorch_on_xlas_stream_elides_the_wait_and_stays_right()
     let cycles = cycles_for(QUEUED_MS);
     let limit = Duration::from_secs_f64(QUEUED_MS / 5.0 / 1e3);
     let _ = trial(&k, &Tensor::randn([8, 16], (Kind::Float, Device::Cuda(0))), 1000, false);
-    let (mut right, mut fast, mut clean, mut busy, mut elided) = (0, 0, 0, 0, 0);
-    let mut slowest = Duration::ZERO;
-    for _ in 0..TRIALS {
-        let src = Tensor::randn([8, 16], (Kind::Float, Device::Cuda(0)));
-        let ((ok, took, syncs_and_copies, still_busy), d) = stats::measure(|| trial(&k, &src, cycles, false));
-        right += usize::from(ok);
-        fast += usize::from(took < limit);
-        clean += usize::from(syncs_and_copies == 0);
-        busy += usize::from(still_busy);
-        elided += usize::from(d.waits_elided >= 1);
-        slowest = slowest.max(took);
-    }
+    let Tally { right, fast, clean, busy, elided, slowest } = tally(&k, cycles, limit);
     println!(
         "kernel call on XLA's stream: right {right}/{TRIALS}, returned within {limit:?} {fast}/{TRIALS} \
          (slowest {slowest:?}), 0 host syncs and copies {clean}/{TRIALS}, GPU still busy after {busy}/{TRIALS}, \
