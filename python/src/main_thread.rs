@@ -91,9 +91,16 @@ pub fn close() {
 /// The pending call: runs on the main thread between two bytecodes, with the GIL.
 extern "C" fn run_pending(_: *mut c_void) -> c_int {
     SCHEDULED.store(false, Ordering::Release);
-    // SAFETY: CPython calls pending calls on the main thread with the GIL held.
-    let py = unsafe { Python::assume_attached() };
-    run_queued(py);
+    // Each job catches its own panics; this catches anything else, so that nothing
+    // unwinds into CPython.
+    let r = catch_unwind(|| {
+        // SAFETY: CPython calls pending calls on the main thread with the GIL held.
+        let py = unsafe { Python::assume_attached() };
+        run_queued(py);
+    });
+    if r.is_err() {
+        report("a panic while running producers' deleters was caught");
+    }
     0
 }
 
