@@ -357,6 +357,32 @@ impl Pipeline {
         Ok(out)
     }
 
+    /// Makes the XLA kernel's ready stream PyTorch's current stream until the guard
+    /// drops (PyTorch's previous stream is restored then, on every path): one stream
+    /// for both frameworks. The torch -> XLA hand-off then needs no event and no wait
+    /// (the runtime sees one stream), and PyTorch's memory goes back as soon as XLA
+    /// lets go of it. `None` on the CPU, where the ready stream is the host.
+    ///
+    /// Tensors carry no stream of their own: a hand-off orders after PyTorch's
+    /// *current* stream. Switch when the work PyTorch queued on its previous stream is
+    /// done (the demo switches after a synchronize) or ordered before the ready
+    /// stream, and keep the guard until the work on the shared stream is.
+    ///
+    /// ```no_run
+    /// # use handoff_examples::model::{Backend, Dtype, Pipeline};
+    /// let p = Pipeline::new(Backend::Cuda, Dtype::Bf16, 256, 0)?;
+    /// let x = p.initial_x(1)?;
+    /// let _one_stream = p.share_stream()?; // PyTorch now runs on XLA's ready stream
+    /// let x = p.step(&x, None)?;
+    /// # Ok::<(), handoff_examples::model::PipelineError>(())
+    /// ```
+    pub fn share_stream(&self) -> Result<Option<handoff_torch::cuda::StreamGuard>> {
+        match handoff::cuda::raw_stream(self.kernel.ready_stream()) {
+            Some((ordinal, raw)) => Ok(Some(handoff_torch::cuda::use_raw_stream(ordinal, raw)?)),
+            None => Ok(None),
+        }
+    }
+
     /// One step in PyTorch alone (the reference, and the benchmark's baseline).
     pub fn torch_step(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.f_add(&ln_gelu_torch(&x.f_matmul(&self.w)?)?)?)

@@ -19,7 +19,8 @@
 //! ```text
 //! cargo xtask demo                              # CPU unless a GPU is present
 //! cargo xtask demo -- --iters 1000 --size 1024
-//! cargo xtask demo -- --device cuda             # 4096x4096 bf16 by default
+//! cargo xtask demo -- --device cuda             # 4096x4096 bf16 by default, one stream
+//! cargo xtask demo -- --device cuda --streams two   # PyTorch on its own stream
 //! cargo xtask demo -- --device mock             # the protocol on the simulated device
 //! ```
 
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
 usage: pipeline [--device cpu|cuda|mock] [--dtype f32|bf16] [--size N] [--iters N] [--seed N]
+                [--streams one|two]
 
   --device   cpu (CPU libtorch, the PJRT plugin in HANDOFF_PJRT_PLUGIN), cuda (device 0,
              JAX's CUDA plugin), or mock (the protocol on handoff's simulated device).
@@ -38,7 +40,10 @@ usage: pipeline [--device cpu|cuda|mock] [--dtype f32|bf16] [--size N] [--iters 
   --dtype    default f32 on cpu, bf16 on cuda
   --size     x and w are N x N; default 256 on cpu, 4096 on cuda
   --iters    model steps; default 100
-  --seed     default 0";
+  --seed     default 0
+  --streams  cuda only: one (default) runs PyTorch on the XLA kernel's ready stream, so
+             the torch -> XLA hand-off needs no wait; two keeps PyTorch on its own
+             current stream and orders the two with an event wait each way";
 
 #[derive(Debug)]
 struct Args {
@@ -47,10 +52,20 @@ struct Args {
     size: Option<i64>,
     iters: usize,
     seed: i64,
+    streams: Streams,
+}
+
+/// Whether PyTorch and XLA share one stream on CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Streams {
+    /// PyTorch on the XLA kernel's ready stream (`Pipeline::share_stream`).
+    One,
+    /// PyTorch on its own current stream: a wait each way.
+    Two,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { device: None, dtype: None, size: None, iters: 100, seed: 0 };
+    let mut args = Args { device: None, dtype: None, size: None, iters: 100, seed: 0, streams: Streams::One };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} takes a value"));
@@ -63,6 +78,13 @@ fn parse_args() -> Result<Args, String> {
             "--size" => args.size = Some(value("--size")?.parse().map_err(|e| format!("--size: {e}"))?),
             "--iters" => args.iters = value("--iters")?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--seed" => args.seed = value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--streams" => {
+                args.streams = match value("--streams")?.as_str() {
+                    "one" => Streams::One,
+                    "two" => Streams::Two,
+                    v => return Err(format!("--streams: {v:?} is not one or two")),
+                }
+            }
             "-h" | "--help" => return Err(String::new()),
             // `cargo xtask demo -- <args>` passes the `--` on.
             "--" => {}
@@ -167,6 +189,21 @@ fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
     drop((h, y_xla, y_ref));
     p.synchronize();
     reaper::flush();
+    // One stream for both frameworks from here to the end (the device is idle now, so
+    // nothing PyTorch queued before is left on its previous stream).
+    let _one_stream = match (backend, args.streams) {
+        (Backend::Cuda, Streams::One) => p.share_stream()?,
+        _ => None,
+    };
+    if backend == Backend::Cuda {
+        println!(
+            "  streams: {}",
+            match args.streams {
+                Streams::One => "one (PyTorch on the XLA kernel's ready stream: no torch -> XLA wait)",
+                Streams::Two => "two (PyTorch's own current stream: an event wait each way)",
+            }
+        );
+    }
 
     // The run, every phase timed on the host.
     let before = stats::stats();

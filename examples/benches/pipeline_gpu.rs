@@ -258,12 +258,11 @@ fn shared_stream(
     iters: usize,
     reps: usize,
 ) -> Result<Option<Shared>, PipelineError> {
-    let Some((_, ready)) = handoff::cuda::raw_stream(p.xla_kernel().ready_stream()) else {
-        return Ok(None);
-    };
     p.synchronize();
     // PyTorch's stream is restored when the guard drops, on every path.
-    let _on_xla = handoff_torch::cuda::use_raw_stream(0, ready)?;
+    let Some(_one_stream) = p.share_stream()? else {
+        return Ok(None);
+    };
     let (rtol, atol) = Dtype::Bf16.step_tolerance();
     let correct = model::allclose(&p.step(x0, None)?, &p.torch_step(x0)?, rtol, atol)?;
     let before = stats::stats();
@@ -438,6 +437,18 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
     // company.
     let h = p.matmul(&x0)?;
     let export_steps = floor::torch_export_steps(&p, &h, args.samples)?;
+    // What in the loop's company slows it: the same export beside a thread of each kind.
+    let mut company = Vec::new();
+    for neighbour in floor::Neighbour::ALL {
+        let (whole, bare) = floor::torch_export_in_company(&p, &h, args.samples, neighbour)?;
+        company.push(format!("{} {whole:.2} / {bare:.2} ({:.2})", neighbour.key(), whole - bare));
+        floor_json.f(&format!("torch_export_beside_{}_us", neighbour.key()), whole, 2).f(
+            &format!("torch_export_floor_beside_{}_us", neighbour.key()),
+            bare,
+            2,
+        );
+    }
+    println!("torch export / its floor (share), µs, beside a neighbour thread: {}", company.join(", "));
     drop(h);
     for (label, key, steps) in [
         ("alone", "torch_export_step", export_steps),

@@ -33,6 +33,8 @@ pub enum Kind {
     Test(&'static str),
     /// One bench target, by name (`harness = false`, run without arguments).
     Bench(&'static str),
+    /// One example, by name, run once with each argument list (its own log each).
+    Example(&'static str, &'static [&'static [&'static str]]),
 }
 
 /// A package whose binaries go into the bundle.
@@ -79,7 +81,21 @@ pub const PACKAGES: &[Package] = &[
     // tch); run.sh then runs bench/python_pipeline.py.
     Package {
         name: "handoff-examples",
-        kinds: &[Kind::Test("kernel_call"), Kind::Bench("pipeline_gpu")],
+        kinds: &[
+            Kind::Test("kernel_call"),
+            Kind::Bench("pipeline_gpu"),
+            // The demo as a user runs it on the GPU: its defaults (4096² bf16, one
+            // stream), two streams, and the host-bound 256².
+            Kind::Example(
+                "pipeline",
+                &[
+                    &["--device", "cuda"],
+                    &["--device", "cuda", "--streams", "two"],
+                    &["--device", "cuda", "--size", "256", "--iters", "2000"],
+                    &["--device", "cuda", "--size", "256", "--iters", "2000", "--streams", "two"],
+                ],
+            ),
+        ],
         features: &[],
         needs_setup: true,
     },
@@ -97,6 +113,8 @@ struct Binary {
     /// Whether it is a libtest harness (run with `--test-threads=1 --nocapture`).
     harness: bool,
     source: PathBuf,
+    /// The argument lists it runs with, one run (and log) each; none: once, bare.
+    runs: &'static [&'static [&'static str]],
 }
 
 /// `cargo xtask gpu-bundle [--only <package>]...`
@@ -148,19 +166,74 @@ pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
 }
 
 fn build(root: &Path, p: &Package, env: Option<&deps::Env>) -> Result<Vec<Binary>, String> {
-    let mut args: Vec<String> =
-        ["test", "--release", "--no-run", "--message-format=json-render-diagnostics", "-p", p.name]
-            .map(String::from)
-            .to_vec();
+    // Tests and benches through `cargo test --no-run` (benches then build with their
+    // own `harness = false` main); examples through `cargo build`, as programs.
+    let (mut tests, mut examples) = (Vec::new(), Vec::new());
     for k in p.kinds {
         match k {
-            Kind::Lib => args.push("--lib".into()),
-            Kind::Tests => args.push("--tests".into()),
-            Kind::Benches => args.push("--benches".into()),
-            Kind::Test(name) => args.extend(["--test".into(), name.to_string()]),
-            Kind::Bench(name) => args.extend(["--bench".into(), name.to_string()]),
+            Kind::Lib => tests.push("--lib".to_string()),
+            Kind::Tests => tests.push("--tests".into()),
+            Kind::Benches => tests.push("--benches".into()),
+            Kind::Test(name) => tests.extend(["--test".into(), name.to_string()]),
+            Kind::Bench(name) => tests.extend(["--bench".into(), name.to_string()]),
+            Kind::Example(name, _) => examples.extend(["--example".into(), name.to_string()]),
         }
     }
+    let mut found: Vec<Binary> = Vec::new();
+    for (command, targets) in [(&["test", "--no-run"][..], tests), (&["build"][..], examples)] {
+        if targets.is_empty() {
+            continue;
+        }
+        for artifact in cargo_artifacts(root, p, command, &targets, env)? {
+            let runs = p.kinds.iter().find_map(|k| match k {
+                Kind::Example(name, runs) if artifact.is_example && *name == artifact.target => Some(*runs),
+                _ => None,
+            });
+            if found.iter().any(|b| b.source == artifact.executable) {
+                continue;
+            }
+            found.push(Binary {
+                name: format!("{}__{}", p.name, artifact.label()),
+                harness: !artifact.is_bench && runs.is_none(),
+                source: artifact.executable,
+                runs: runs.unwrap_or(&[]),
+            });
+        }
+    }
+    if found.is_empty() {
+        return Err(format!("cargo built no executable for {}", p.name));
+    }
+    Ok(found)
+}
+
+/// An executable cargo built.
+struct Artifact {
+    executable: PathBuf,
+    target: String,
+    is_lib: bool,
+    is_bench: bool,
+    is_example: bool,
+}
+
+impl Artifact {
+    /// Its name in the bundle, after the package's: `lib` for the library's tests.
+    fn label(&self) -> &str {
+        if self.is_lib { "lib" } else { &self.target }
+    }
+}
+
+/// Runs `cargo <command> --release` on `targets` of package `p` and lists the
+/// executables it built.
+fn cargo_artifacts(
+    root: &Path,
+    p: &Package,
+    command: &[&str],
+    targets: &[String],
+    env: Option<&deps::Env>,
+) -> Result<Vec<Artifact>, String> {
+    let mut args: Vec<String> = command.iter().map(|s| s.to_string()).collect();
+    args.extend(["--release", "--message-format=json-render-diagnostics", "-p", p.name].map(String::from));
+    args.extend(targets.iter().cloned());
     if !p.features.is_empty() {
         args.push("--features".into());
         args.push(p.features.join(","));
@@ -186,25 +259,19 @@ fn build(root: &Path, p: &Package, env: Option<&deps::Env>) -> Result<Vec<Binary
         }
         let Some(exe) = msg.get("executable").and_then(json::Value::as_str) else { continue };
         let target = msg.get("target");
-        let target_name = target.and_then(|t| t.get("name")).and_then(json::Value::as_str).unwrap_or("?");
+        let name = target.and_then(|t| t.get("name")).and_then(json::Value::as_str).unwrap_or("?");
         let kinds: Vec<&str> = target
             .and_then(|t| t.get("kind"))
             .and_then(json::Value::as_array)
             .map(|a| a.iter().filter_map(json::Value::as_str).collect())
             .unwrap_or_default();
-        let harness = !kinds.contains(&"bench");
-        let label = if kinds.iter().any(|k| k.ends_with("lib")) {
-            "lib".to_string()
-        } else {
-            target_name.to_string()
-        };
-        if found.iter().any(|b: &Binary| b.source == Path::new(exe)) {
-            continue;
-        }
-        found.push(Binary { name: format!("{}__{}", p.name, label), harness, source: PathBuf::from(exe) });
-    }
-    if found.is_empty() {
-        return Err(format!("cargo built no executable for {}", p.name));
+        found.push(Artifact {
+            executable: PathBuf::from(exe),
+            target: name.to_string(),
+            is_lib: kinds.iter().any(|k| k.ends_with("lib")),
+            is_bench: kinds.contains(&"bench"),
+            is_example: kinds.contains(&"example"),
+        });
     }
     Ok(found)
 }
@@ -247,33 +314,45 @@ SUMMARY="$LOGS/summary.txt"
 {{ date -u; uname -a; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1; }} > "$LOGS/machine.txt"
 failed=0
 
+# run <harness 0|1> <binary> [<log name> <args>...]
 run() {{
-  local harness="$1" name="$2"
-  if [ -n "${{ONLY:-}}" ] && [[ "$name" != *"$ONLY"* ]]; then return; fi
-  local log="$LOGS/$name.log" rc
-  echo "== $name"
+  local harness="$1" name="$2" logname="${{3:-$2}}"
+  shift $(( $# < 3 ? $# : 3 ))
+  if [ -n "${{ONLY:-}}" ] && [[ "$logname" != *"$ONLY"* ]]; then return; fi
+  local log="$LOGS/$logname.log" rc
+  echo "== $logname $*"
   local t0=$(date +%s%N)
   if [ "$harness" = 1 ]; then
     "$HERE/bin/$name" --test-threads=1 --nocapture > "$log" 2>&1; rc=$?
   else
-    "$HERE/bin/$name" > "$log" 2>&1; rc=$?
+    "$HERE/bin/$name" "$@" > "$log" 2>&1; rc=$?
   fi
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  grep -E 'test result|SKIPPED:|^BENCH|no-host-sync:|control \(|pool:|release \(|elision:|cross-stream /|same-stream:|kernel call' "$log" | sed 's/^/   /'
+  grep -E 'test result|SKIPPED:|^BENCH|no-host-sync:|control \(|pool:|release \(|elision:|cross-stream /|same-stream:|kernel call|^result:|^wall time|streams:|host syncs  ' "$log" | sed 's/^/   /'
   local skipped=$(grep -c 'SKIPPED:' "$log")
   if [ "$rc" -ne 0 ]; then
     failed=$((failed + 1))
     echo "   FAILED (exit $rc); last lines of $log:"; tail -n 30 "$log" | sed 's/^/   | /'
-    echo "FAIL $name exit=$rc" >> "$SUMMARY"
+    echo "FAIL $logname exit=$rc" >> "$SUMMARY"
   else
-    echo "ok   $name skipped=$skipped ms=$ms" >> "$SUMMARY"
+    echo "ok   $logname skipped=$skipped ms=$ms" >> "$SUMMARY"
   fi
 }}
 
 "#
     ));
     for b in binaries {
-        let _ = writeln!(s, "run {} {}", u8::from(b.harness), b.name);
+        if b.runs.is_empty() {
+            let _ = writeln!(s, "run {} {}", u8::from(b.harness), b.name);
+        }
+        for args in b.runs {
+            let log = format!(
+                "{}.{}",
+                b.name,
+                args.iter().map(|a| a.trim_start_matches('-')).collect::<Vec<_>>().join("_")
+            );
+            let _ = writeln!(s, "run {} {} {log} {}", u8::from(b.harness), b.name, args.join(" "));
+        }
     }
     s.push_str(crate::python::RUN_STEP);
     s.push_str(

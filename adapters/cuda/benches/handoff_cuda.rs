@@ -8,6 +8,10 @@
 //! - `of which export` / `of which import`: the two halves of each, timed in the same
 //!   loop (one clock read between them);
 //! - `drop (deferred)`: dropping the imported tensor (records the release event);
+//! - `raw pair after cuCtxGetCurrent`: the floor with the context check a caller on
+//!   any thread must make; `clock reads alone`: what the two clock reads add to every
+//!   figure; `16 at a time`: same-stream hand-offs timed in batches, per hand-off,
+//!   without the clock's share;
 //! - `one at a time`: the same hand-offs as a program makes them, each tensor made
 //!   just before and its view dropped just after (both untimed), where the loops
 //!   above keep all 11,000 views alive (fresh memory, cold metadata); beside the
@@ -35,8 +39,13 @@ struct Summary {
     p90: f64,
 }
 
-fn summarize(name: &'static str, mut ns: Vec<f64>) -> Summary {
-    let ns = ns.split_off(WARM.min(ns.len()));
+fn summarize(name: &'static str, ns: Vec<f64>) -> Summary {
+    summarize_after(name, ns, WARM)
+}
+
+/// The quantiles of `ns` after its first `warm` samples.
+fn summarize_after(name: &'static str, mut ns: Vec<f64>, warm: usize) -> Summary {
+    let ns = ns.split_off(warm.min(ns.len() - 1));
     let mut s = ns;
     s.sort_by(f64::total_cmp);
     let q = |f: f64| s[((s.len() - 1) as f64 * f) as usize];
@@ -71,6 +80,30 @@ fn main() {
         }));
     }
     results.push(summarize("raw cuEventRecord + cuStreamWaitEvent", raw));
+
+    // The same pair after a context check, as a caller that may run on any thread
+    // (with another context, or none, current) must make: what `order()` makes.
+    let mut checked = Vec::with_capacity(total);
+    for _ in 0..total {
+        checked.push(time(|| {
+            let mut current: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: a valid out pointer; then as above.
+            unsafe {
+                sys::cuCtxGetCurrent(&mut current);
+                sys::cuEventRecord(e, p.cu_stream());
+                sys::cuStreamWaitEvent(c.cu_stream(), e, 0);
+            }
+            std::hint::black_box(current);
+        }));
+    }
+    results.push(summarize("raw pair after cuCtxGetCurrent", checked));
+
+    // What the clock itself adds to each figure: two reads with nothing between.
+    let mut clock = Vec::with_capacity(total);
+    for _ in 0..total {
+        clock.push(time(|| {}));
+    }
+    results.push(summarize("clock reads alone (in every figure)", clock));
 
     let mut ord = Vec::with_capacity(total);
     for _ in 0..total {
@@ -174,6 +207,27 @@ fn main() {
         }
         reaper::flush();
     }
+    // Same-stream hand-offs timed BATCH at a time (tensors made before, views dropped
+    // after, both untimed): the cost per hand-off without the clock's.
+    const BATCH: usize = 16;
+    let mut batched = Vec::with_capacity(total / BATCH);
+    for _ in 0..total / BATCH {
+        let xs: Vec<CudaTensor<f32>> = (0..BATCH)
+            .map(|_| CudaTensor::new(p.alloc_zeros::<f32>(256).unwrap(), &[16, 16]).unwrap())
+            .collect();
+        let mut ys = Vec::with_capacity(BATCH);
+        let t0 = Instant::now();
+        for x in xs {
+            ys.push(x.export(&ps).unwrap().import::<CudaTensor<f32>>().unwrap());
+        }
+        batched.push(t0.elapsed().as_nanos() as f64 / BATCH as f64);
+        drop(ys);
+    }
+    results.push(summarize_after(
+        "same-stream, 16 at a time (per hand-off, no clock)",
+        batched,
+        WARM / BATCH,
+    ));
     let d = stats::stats().since(&before);
 
     println!("\nhandoff-cuda host cost, median of {N} after {WARM} warm-up (ns):");
@@ -191,7 +245,12 @@ fn main() {
         cross / raw,
         cross1 / raw1
     );
-    println!("same-stream: {same:.0} ns held, {same1:.0} ns one at a time (target <= 200 ns)");
+    println!(
+        "same-stream: {same:.0} ns held, {same1:.0} ns one at a time, {:.0} ns per hand-off 16 at a time \
+         (target <= 200 ns); the clock's two reads {:.0} ns",
+        median("same-stream, 16"),
+        median("clock")
+    );
     println!("counters over the four hand-off loops: {d}");
     for r in &results {
         println!("BENCH {}\t{:.0}\t{:.0}\t{:.0}", r.name, r.p10, r.median, r.p90);

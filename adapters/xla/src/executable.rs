@@ -5,6 +5,7 @@ use crate::client::{Client, ClientInner, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::hlo::{self, ArraySpec};
+use crate::result::executable::{RawList, all_positions};
 use crate::result::{self, Api};
 use crate::sys;
 use std::path::Path;
@@ -306,9 +307,8 @@ impl Executable {
     /// is donated.
     pub fn execute(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
         self.check_inputs(inputs)?;
-        let raw: Vec<*mut sys::PJRT_Buffer> = inputs.iter().map(|b| b.raw()).collect();
-        let keep: Vec<i64> = (0..inputs.len() as i64).collect();
-        self.execute_raw(&raw, &keep)
+        let raw = RawList::of(inputs.iter().map(|b| b.raw()));
+        self.execute_raw(raw.as_slice(), &all_positions(inputs.len()))
     }
 
     /// Executes on raw input buffers (checked by the caller, held by it for the
@@ -327,9 +327,9 @@ impl Executable {
         let outs = unsafe {
             result::executable::execute(api, self.raw, raw_inputs, self.outputs.len(), device, non_donatable)?
         };
-        let mut buffers = Vec::with_capacity(outs.len());
+        let mut buffers = Vec::with_capacity(outs.as_slice().len());
         let mut failed = None;
-        for (raw, spec) in outs.into_iter().zip(&self.outputs) {
+        for (&raw, spec) in outs.as_slice().iter().zip(&self.outputs) {
             if raw.is_null() {
                 continue;
             }

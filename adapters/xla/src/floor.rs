@@ -7,6 +7,7 @@ use crate::client::{Client, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::executable::Executable;
+use crate::result::executable::{RawList, all_positions};
 use crate::result::{self, Api};
 use crate::sys;
 use handoff_runtime::dtype::DataType;
@@ -77,13 +78,14 @@ pub unsafe fn view(
 /// completion event: the outputs as bare buffers.
 pub fn execute(exe: &Executable, inputs: &[&RawBuffer]) -> Result<Vec<RawBuffer>> {
     let api = exe.client.api();
-    let raw: Vec<*mut sys::PJRT_Buffer> = inputs.iter().map(|b| b.raw).collect();
-    let keep: Vec<i64> = (0..raw.len() as i64).collect();
+    let raw = RawList::of(inputs.iter().map(|b| b.raw));
+    let keep = all_positions(inputs.len());
     let device = exe.device.map_or(std::ptr::null_mut(), |i| exe.client.devices[i].raw);
     // SAFETY: a live executable, live inputs (borrowed for the call) and device.
-    let outs =
-        unsafe { result::executable::execute(api, exe.raw(), &raw, exe.outputs().len(), device, &keep)? };
-    Ok(outs.into_iter().filter(|b| !b.is_null()).map(|raw| RawBuffer { api, raw }).collect())
+    let outs = unsafe {
+        result::executable::execute(api, exe.raw(), raw.as_slice(), exe.outputs().len(), device, &keep)?
+    };
+    Ok(outs.as_slice().iter().filter(|b| !b.is_null()).map(|&raw| RawBuffer { api, raw }).collect())
 }
 
 /// What exporting a PJRT buffer to a CUDA stream takes: an external reference, its

@@ -404,3 +404,121 @@ pub fn torch_export_steps(
     out.push(("its floor", model::median_us(&mut bare)));
     Ok(out)
 }
+
+/// What runs on a second thread while [`torch_export_in_company`] measures: which
+/// kind of neighbour slows the export's CUDA and PyTorch calls.
+#[derive(Debug, Clone, Copy)]
+pub enum Neighbour {
+    /// Nothing.
+    None,
+    /// A thread that spins on the CPU and calls nothing.
+    Spinning,
+    /// A thread that queries a CUDA event, then sleeps 5 µs (what the reaper's
+    /// sweeps do while releases are pending; Linux's timer slack makes the sleep
+    /// ~55 µs).
+    QueryingAndSleeping,
+    /// A thread that queries a CUDA event in a loop, without a pause.
+    QueryingNonStop,
+    /// A thread that defers a release into the reaper every ~50 µs (a pipeline step's
+    /// release), so that the reaper records, sweeps and releases as in the pipeline.
+    Releasing,
+}
+
+impl Neighbour {
+    pub const ALL: [Neighbour; 5] = [
+        Neighbour::None,
+        Neighbour::Spinning,
+        Neighbour::QueryingAndSleeping,
+        Neighbour::QueryingNonStop,
+        Neighbour::Releasing,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Neighbour::None => "alone",
+            Neighbour::Spinning => "spinning",
+            Neighbour::QueryingAndSleeping => "querying_sleeping",
+            Neighbour::QueryingNonStop => "querying_nonstop",
+            Neighbour::Releasing => "releasing",
+        }
+    }
+
+    /// Runs on its own thread until `stop`.
+    fn run(self, stop: &std::sync::atomic::AtomicBool, stream: &handoff::Stream) {
+        use std::sync::atomic::Ordering;
+        if matches!(self, Neighbour::None) {
+            return;
+        }
+        let Ok(event) = event() else { return };
+        let raw_stream = torch_stream_raw(stream) as usize as sys::CUstream;
+        // SAFETY: a live event and stream of the primary context.
+        unsafe { sys::cuEventRecord(event, raw_stream) };
+        while !stop.load(Ordering::Relaxed) {
+            match self {
+                Neighbour::None => break,
+                Neighbour::Spinning => std::hint::spin_loop(),
+                Neighbour::QueryingAndSleeping | Neighbour::QueryingNonStop => {
+                    // SAFETY: a live event.
+                    unsafe { sys::cuEventQuery(event) };
+                    if matches!(self, Neighbour::QueryingAndSleeping) {
+                        std::thread::sleep(Duration::from_micros(5));
+                    }
+                }
+                Neighbour::Releasing => {
+                    handoff::reaper::release_after(Some(stream), vec![0u8; 64]);
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+        handoff::reaper::flush();
+        // SAFETY: created above; the reaper's flush left no work of ours behind it.
+        unsafe { sys::cuEventDestroy_v2(event) };
+    }
+}
+
+/// The whole torch export of `h` to XLA's ready stream and its floor (the bare
+/// calls), medians of `samples` in µs, timed while `neighbour` runs on a thread of its
+/// own (on a PyTorch side stream, so that its work never orders the export's).
+pub fn torch_export_in_company(
+    p: &Pipeline,
+    h: &Tensor,
+    samples: usize,
+    neighbour: Neighbour,
+) -> Result<(f64, f64), PipelineError> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let ready = p.xla_kernel().ready_stream();
+    let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
+    let side = handoff_torch::cuda::stream_from_pool(0, false)?;
+    // SAFETY: one of PyTorch's pool streams, which live as long as the process.
+    let side = unsafe { handoff::cuda::stream(0, side) }?;
+    let ev = event()?;
+    let stop = AtomicBool::new(false);
+    let result = std::thread::scope(|scope| {
+        let neighbour_thread = scope.spawn(|| neighbour.run(&stop, &side));
+        std::thread::sleep(Duration::from_millis(5));
+        let (mut whole, mut bare) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+        let mut measured = || -> Result<(), PipelineError> {
+            for i in 0..samples {
+                let (w, b) = in_turns(
+                    i % 2 == 0,
+                    &|| timed_once(|| handoff_torch::export(h, ready)).map_err(PipelineError::from),
+                    &|| timed_once(|| bare_export(h, ev, ready_raw)),
+                )?;
+                whole.push(w);
+                bare.push(b);
+                if i % 1024 == 1023 {
+                    p.synchronize();
+                }
+            }
+            Ok(())
+        };
+        let r = measured();
+        stop.store(true, Ordering::Relaxed);
+        let _ = neighbour_thread.join();
+        r.map(|()| (model::median_us(&mut whole), model::median_us(&mut bare)))
+    });
+    p.synchronize();
+    // SAFETY: an event created above, no longer used (the device is idle).
+    unsafe { sys::cuEventDestroy_v2(ev) };
+    result
+}

@@ -31,7 +31,7 @@ use crate::client::{Client, XlaDevice};
 use crate::error::{Result, XlaError};
 use crate::executable::{CompileOptions, Executable, Program, list};
 use crate::hlo::ArraySpec;
-use crate::sys;
+use crate::result::executable::{RawList, all_positions};
 use handoff_runtime::{Exportable, Stream};
 use std::path::Path;
 
@@ -329,17 +329,17 @@ impl Kernel {
             inputs.buffers.push(p.clone());
         }
         args.visit(&mut inputs)?;
-        let raw: Vec<*mut sys::PJRT_Buffer> = inputs.buffers.iter().map(Buffer::raw).collect();
-        let all: Vec<i64>;
-        let non_donatable: &[i64] = match self.no_donation.get(..raw.len()) {
+        let raw = RawList::of(inputs.buffers.iter().map(Buffer::raw));
+        let all;
+        let non_donatable: &[i64] = match self.no_donation.get(..inputs.buffers.len()) {
             _ if options.donate => &inputs.read_only,
             Some(known) => known,
             None => {
-                all = (0..raw.len() as i64).collect();
+                all = all_positions(inputs.buffers.len());
                 &all
             }
         };
-        let outs = self.exe.execute_raw(&raw, non_donatable)?;
+        let outs = self.exe.execute_raw(raw.as_slice(), non_donatable)?;
         drop(inputs.buffers);
         let consumer = match (&options.output_stream, inputs.stream) {
             (Some(s), _) => s.clone(),

@@ -47,8 +47,23 @@ impl<Y: Output<W>, W, const N: usize> Outputs<W> for [Y; N] {
 
     fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
         let got = buffers.len();
-        let v = Vec::<Y>::from_outputs(buffers, consumer)?;
-        v.try_into().map_err(|_| XlaError::invalid("outputs", got, format!("{N} were expected")))
+        let wrong = || XlaError::invalid("outputs", got, format!("{N} were expected"));
+        if got != N {
+            return Err(wrong());
+        }
+        // Each output converted in place (no list in between); the first error stops
+        // the rest, which are dropped with `buffers`.
+        let mut buffers = buffers.into_iter();
+        let mut failed = None;
+        let outputs: [Option<Y>; N] = std::array::from_fn(|_| {
+            let b = buffers.next().filter(|_| failed.is_none())?;
+            Y::from_output(b, consumer).map_err(|e| failed = Some(e)).ok()
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        // Every slot is `Some`: `got == N` and no conversion failed.
+        Ok(outputs.map(|y| y.expect("each of the N outputs was converted")))
     }
 }
 

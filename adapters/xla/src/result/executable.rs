@@ -131,14 +131,14 @@ pub(crate) unsafe fn execute(
     num_outputs: usize,
     device: *mut sys::PJRT_Device,
     non_donatable: &[i64],
-) -> Result<Vec<*mut sys::PJRT_Buffer>> {
+) -> Result<RawList> {
     let mut options = args!(PJRT_ExecuteOptions {
         non_donatable_input_indices: non_donatable.as_ptr(),
         num_non_donatable_input_indices: non_donatable.len(),
     });
     let arg_list: *const *mut sys::PJRT_Buffer = inputs.as_ptr();
-    let mut outputs: Vec<*mut sys::PJRT_Buffer> = vec![null_mut(); num_outputs];
-    let out_list: *mut *mut sys::PJRT_Buffer = outputs.as_mut_ptr();
+    let mut outputs = RawList::nulls(num_outputs);
+    let out_list: *mut *mut sys::PJRT_Buffer = outputs.as_mut_slice().as_mut_ptr();
     let mut a = args!(PJRT_LoadedExecutable_Execute_Args {
         executable: exe,
         options: &mut options,
@@ -154,4 +154,79 @@ pub(crate) unsafe fn execute(
     // SAFETY: forwarded from the caller; all lists outlive the call.
     unsafe { api.call(&mut a)? };
     Ok(outputs)
+}
+
+/// The raw buffer handles of one execution's argument or output list: up to
+/// [`RawList::INLINE`] on the stack, more on the heap, so that a call of a kernel of a
+/// few inputs and outputs allocates no list.
+pub(crate) enum RawList {
+    Inline { len: usize, items: [*mut sys::PJRT_Buffer; RawList::INLINE] },
+    Heap(Vec<*mut sys::PJRT_Buffer>),
+}
+
+impl RawList {
+    /// How many handles are kept without an allocation.
+    pub(crate) const INLINE: usize = 8;
+
+    /// `n` null handles (an output list for PJRT to fill).
+    pub(crate) fn nulls(n: usize) -> RawList {
+        if n <= RawList::INLINE {
+            RawList::Inline { len: n, items: [null_mut(); RawList::INLINE] }
+        } else {
+            RawList::Heap(vec![null_mut(); n])
+        }
+    }
+
+    /// The handles `handles` yields, in order.
+    pub(crate) fn of(handles: impl ExactSizeIterator<Item = *mut sys::PJRT_Buffer>) -> RawList {
+        let mut list = RawList::nulls(handles.len());
+        for (slot, h) in list.as_mut_slice().iter_mut().zip(handles) {
+            *slot = h;
+        }
+        list
+    }
+
+    /// The handles.
+    pub(crate) fn as_slice(&self) -> &[*mut sys::PJRT_Buffer] {
+        match self {
+            RawList::Inline { len, items } => &items[..*len],
+            RawList::Heap(v) => v,
+        }
+    }
+
+    /// The handles, to fill.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [*mut sys::PJRT_Buffer] {
+        match self {
+            RawList::Inline { len, items } => &mut items[..*len],
+            RawList::Heap(v) => v,
+        }
+    }
+}
+
+/// `0..n` as a list of argument positions (none donated): borrowed from a constant
+/// for the usual few, else made.
+pub(crate) fn all_positions(n: usize) -> std::borrow::Cow<'static, [i64]> {
+    const FEW: [i64; RawList::INLINE] = [0, 1, 2, 3, 4, 5, 6, 7];
+    match FEW.get(..n) {
+        Some(few) => std::borrow::Cow::Borrowed(few),
+        None => std::borrow::Cow::Owned((0..n as i64).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_lists_hold_their_handles_inline_or_on_the_heap() {
+        for n in [0usize, 1, RawList::INLINE, RawList::INLINE + 1, 20] {
+            let handles: Vec<*mut sys::PJRT_Buffer> = (1..=n).map(|i| i as *mut sys::PJRT_Buffer).collect();
+            let list = RawList::of(handles.iter().copied());
+            assert_eq!(list.as_slice(), &handles[..], "n = {n}");
+            assert_eq!(matches!(list, RawList::Inline { .. }), n <= RawList::INLINE, "n = {n}");
+            assert!(RawList::nulls(n).as_slice().iter().all(|h| h.is_null()));
+            assert_eq!(RawList::nulls(n).as_slice().len(), n);
+            assert_eq!(&all_positions(n)[..], &(0..n as i64).collect::<Vec<_>>()[..]);
+        }
+    }
 }
