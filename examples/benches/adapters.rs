@@ -66,6 +66,37 @@ fn xla(c: &mut Criterion) {
         b.iter(|| drop(black_box(p.kernel(&x).unwrap())))
     });
     handoff::reaper::flush();
+    kernel_call(c, &client);
+}
+
+/// The one-call kernel on a tiny program (4x8 f32), where the execution costs little
+/// and the call's own machinery shows, beside the same steps composed by hand from
+/// the public pieces (torch export, XLA view, execute, XLA export, torch import).
+fn kernel_call(c: &mut Criterion, client: &handoff_xla::Client) {
+    let program = concat!(env!("CARGO_MANIFEST_DIR"), "/../adapters/xla/programs/gelu_scale_f32_4x8.mlir");
+    let kernel = match handoff_xla::Kernel::load(client, program) {
+        Ok(k) => k,
+        Err(e) => {
+            println!("kernel call benchmarks left out: {e}");
+            return;
+        }
+    };
+    let x = Tensor::ones([4, 8], (Kind::Float, Device::Cpu));
+    let host = Stream::host();
+    c.bench_function("kernel call 4x8 f32: torch -> xla execute -> torch", |b| {
+        b.iter(|| drop(black_box(kernel.call1::<_, _, Tensor, _>(&x).unwrap())))
+    });
+    let ready = kernel.ready_stream().clone();
+    c.bench_function("the same steps by hand: export, view, execute, export, import", |b| {
+        b.iter(|| {
+            let view = client.import(handoff_torch::export(&x, &ready).unwrap()).unwrap();
+            let mut outs = kernel.executable().execute(&[&view]).unwrap();
+            drop(view);
+            let y = outs.remove(0);
+            drop(black_box(handoff_torch::import(y.export(&host).unwrap()).unwrap()))
+        })
+    });
+    handoff::reaper::flush();
 }
 
 criterion_group!(benches, torch, xla);

@@ -88,12 +88,13 @@ fn timed<R>(into: &mut Vec<Duration>, f: impl FnOnce() -> R) -> R {
 
 /// Measures every path `samples` times; `h` is PyTorch's tensor handed to XLA.
 /// Also returns the torch export step by step, timed in the same loop (its company:
-/// views, executions, releases), each sample beside the handoff and floor halves.
+/// views, executions, releases), each sample beside the handoff and floor halves, and
+/// the kernel call composed by hand, step by step, beside its floor.
 pub fn measure<'p>(
     p: &'p Pipeline,
     h: &Tensor,
     samples: usize,
-) -> Result<(Vec<Row>, ExportSteps<'p>), PipelineError> {
+) -> Result<(Vec<Row>, ExportSteps<'p>, CallSteps), PipelineError> {
     let kernel = p.xla_kernel();
     let (client, device, exe) = (p.client(), kernel.device(), kernel.executable());
     let ready = kernel.ready_stream();
@@ -210,6 +211,47 @@ pub fn measure<'p>(
         drop(outs);
         Ok(d)
     };
+    // The kernel call composed by hand from the public pieces, step by step, and its
+    // floor the same way: which step of a call costs more than its bare calls, in a
+    // call's own company (the output still being launched when it is exported).
+    let handoff_call_steps = || -> Result<[Duration; CALL_STEPS], PipelineError> {
+        let t0 = Instant::now();
+        let handoff = handoff_torch::export(h, ready)?;
+        let t1 = Instant::now();
+        let view = client.import(handoff)?;
+        let t2 = Instant::now();
+        let mut outs = exe.execute(&[&view])?;
+        let t3 = Instant::now();
+        drop(view);
+        let t4 = Instant::now();
+        let handoff = outs.remove(0).export(&torch_stream)?;
+        let t5 = Instant::now();
+        let y = handoff_torch::import(handoff)?;
+        let t6 = Instant::now();
+        drop(y);
+        Ok([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5])
+    };
+    let floor_call_steps = || -> Result<[Duration; CALL_STEPS], PipelineError> {
+        let t0 = Instant::now();
+        let ptr = bare_torch_export()?;
+        let t1 = Instant::now();
+        let v = bare_view(ptr)?;
+        let t2 = Instant::now();
+        let outs = xla_floor::execute(exe, &[&v])?;
+        let t3 = Instant::now();
+        drop(v);
+        let t4 = Instant::now();
+        let ptr = bare_xla_export(&outs[0])?;
+        let t5 = Instant::now();
+        let t = bare_from_blob(ptr)?;
+        let t6 = Instant::now();
+        drop(t);
+        xla_floor::release(&outs[0])?;
+        drop(outs);
+        Ok([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5])
+    };
+    let mut call_steps: [[Vec<Duration>; CALL_STEPS]; 2] =
+        std::array::from_fn(|_| std::array::from_fn(|_| Vec::with_capacity(samples)));
     let handoff_exec = || -> Result<Duration, PipelineError> { Ok(timed_once(|| exe.execute(&[&hx]))?) };
     let floor_exec =
         || -> Result<Duration, PipelineError> { Ok(timed_once(|| xla_floor::execute(exe, &[&view_kept]))?) };
@@ -250,6 +292,12 @@ pub fn measure<'p>(
         let (e, ef) = in_turns(handoff_first, &handoff_exec, &floor_exec)?;
         exec.push(e);
         exec_f.push(ef);
+        let (cs, csf) = in_turns(handoff_first, &handoff_call_steps, &floor_call_steps)?;
+        for (side, steps) in call_steps.iter_mut().zip([cs, csf]) {
+            for (v, d) in side.iter_mut().zip(steps) {
+                v.push(d);
+            }
+        }
         // Keep PJRT's queue of executions short, so that no call waits for room in it.
         if i % 8 == 7 {
             p.synchronize();
@@ -283,8 +331,22 @@ pub fn measure<'p>(
         row("kernel_call", "kernel call (hand-offs + execute)", call, call_f),
         row("execute", "execute alone", exec, exec_f),
     ];
-    Ok((rows, steps))
+    let [handoff_steps, floor_steps] = &mut call_steps;
+    let call_steps = CALL_STEP_NAMES
+        .into_iter()
+        .zip(handoff_steps.iter_mut().zip(floor_steps.iter_mut()))
+        .map(|(name, (h, f))| (name, m(h), m(f)))
+        .collect();
+    Ok((rows, steps, call_steps))
 }
+
+/// The steps of a kernel call composed by hand.
+const CALL_STEPS: usize = 6;
+const CALL_STEP_NAMES: [&str; CALL_STEPS] =
+    ["torch export", "XLA view", "execute", "drop the view", "XLA export of the output", "torch import"];
+
+/// Each step of the composed kernel call: name, handoff's median and the floor's, µs.
+pub type CallSteps = Vec<(&'static str, f64, f64)>;
 
 fn torch_stream_raw(s: &handoff::Stream) -> u64 {
     handoff::cuda::raw_stream(s).map_or(0, |(_, raw)| raw)
@@ -358,7 +420,8 @@ impl<'a> ExportSteps<'a> {
 
 /// The bare calls of a torch export to XLA's ready stream (`ready_raw`): PyTorch's
 /// current stream, the shim's describe and `recordStream`, and the raw record + wait
-/// pair on `event`. Returns the data pointer.
+/// pair on `event` (none when PyTorch's stream is the ready stream). Returns the data
+/// pointer.
 fn bare_export(
     h: &Tensor,
     event: sys::CUevent,
@@ -367,10 +430,13 @@ fn bare_export(
     let ts = handoff_torch::cuda::current_raw_stream(0)?;
     let ptr = torch_floor::describe(h).map_err(shim)?;
     torch_floor::record_stream(h, 0, ready_raw).map_err(shim)?;
-    // SAFETY: a live event and two streams of the primary context.
-    unsafe {
-        sys::cuEventRecord(event, ts as usize as sys::CUstream);
-        sys::cuStreamWaitEvent(ready_raw as usize as sys::CUstream, event, 0);
+    // On one stream there is nothing to order.
+    if ts != ready_raw {
+        // SAFETY: a live event and two streams of the primary context.
+        unsafe {
+            sys::cuEventRecord(event, ts as usize as sys::CUstream);
+            sys::cuStreamWaitEvent(ready_raw as usize as sys::CUstream, event, 0);
+        }
     }
     Ok(ptr)
 }
