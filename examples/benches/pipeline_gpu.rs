@@ -11,7 +11,9 @@
 //! `--samples`, default 10,000) and of each phase of a step; and the no-host-sync
 //! proof: with ~50 ms of GPU work queued first (`at::cuda::sleep` on PyTorch's stream),
 //! a whole step is enqueued in under 1 ms, with no host sync, the GPU still busy
-//! afterwards, and a correct result. It exits non-zero when the proof or a result
+//! afterwards, and a correct result. It also times the step's parts alone (the matmul,
+//! the step without its residual add, the add) to show where a GPU-bound step's time
+//! goes against one `jax.jit` of the whole step, which fuses the add. It exits non-zero when the proof or a result
 //! check fails. One machine-readable `BENCH {json}` line per figure, next to
 //! `bench/python_pipeline.py`'s lines (the same keys: variant, n, dtype, ms_per_iter,
 //! ratio_to_torch).
@@ -272,6 +274,39 @@ fn shared_stream(
     Ok(Some(Shared { ms, stats: counted, correct }))
 }
 
+/// The step's parts timed alone, ms each (same loop as [`timed`], on a fixed `x`): where
+/// the GPU time of a step goes when the GPU is the limit (4096²; at 256² the host is).
+struct Parts {
+    /// PyTorch's matmul alone.
+    matmul: f64,
+    /// The step without its residual add: the matmul and the kernel call (both
+    /// hand-offs and the XLA kernel) — what one `jax.jit` of the whole step does in its
+    /// own kernels, the add fused into the last one.
+    without_add: f64,
+    /// PyTorch's residual add alone: a kernel of its own here, fused away by `jax.jit`.
+    add: f64,
+}
+
+fn gpu_parts(p: &Pipeline, x0: &Tensor, iters: usize, reps: usize) -> Result<Parts, PipelineError> {
+    let y = p.kernel(&p.matmul(x0)?)?;
+    let parts = Parts {
+        matmul: timed(p, x0, iters, reps, |x| {
+            drop(p.matmul(x)?); // dropped at once: its memory is reused in stream order
+            Ok(x.shallow_clone())
+        })?,
+        without_add: timed(p, x0, iters, reps, |x| {
+            drop(p.kernel(&p.matmul(x)?)?);
+            Ok(x.shallow_clone())
+        })?,
+        add: timed(p, x0, iters, reps, |x| {
+            drop(x.f_add(&y)?);
+            Ok(x.shallow_clone())
+        })?,
+    };
+    p.synchronize();
+    Ok(parts)
+}
+
 /// GPU clock cycles of `at::cuda::sleep` that keep PyTorch's stream busy for `ms`.
 fn cycles_for(p: &Pipeline, ms: f64) -> Result<i64, PipelineError> {
     handoff_torch::cuda::sleep(0, 1000)?; // loads the kernel
@@ -356,6 +391,7 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
     let s_synced = stats::stats().since(&before);
     let steps = ((iters * args.reps) + 3) as f64;
     let shared = shared_stream(&p, &x0, iters, args.reps)?;
+    let parts = gpu_parts(&p, &x0, iters, args.reps)?;
 
     // Where the host time of a step goes.
     let mut phases = Phases::default();
@@ -636,6 +672,18 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
             .print();
         ok &= sh.correct && sh.stats.host_syncs == 0 && sh.stats.copies == 0;
     }
+    println!(
+        "the step's parts alone, ms per step: torch matmul {:.4}, the step without its residual add (matmul + kernel call) \
+         {:.4}, torch residual add {:.4}; the handoff step {ms_handoff:.4} (one jax.jit fuses the add into its kernel)",
+        parts.matmul, parts.without_add, parts.add
+    );
+    base("parts", &p)
+        .n("iters", iters)
+        .n("reps", args.reps)
+        .f("ms_torch_matmul", parts.matmul, 4)
+        .f("ms_step_without_add", parts.without_add, 4)
+        .f("ms_torch_add", parts.add, 4)
+        .print();
     println!("host time per step by phase (mean of {} steps):", phases.steps);
     for (name, d) in phases.list() {
         println!("  {name:<22} {:>8.2} us", per_step(d));
