@@ -13,10 +13,10 @@
 //! a whole step is enqueued in under 1 ms, with no host sync, the GPU still busy
 //! afterwards, and a correct result. It also times the step's parts alone (the matmul,
 //! the step without its residual add, the add) to show where a GPU-bound step's time
-//! goes against one `jax.jit` of the whole step, which fuses the add. It exits non-zero when the proof or a result
-//! check fails. One machine-readable `BENCH {json}` line per figure, next to
-//! `bench/python_pipeline.py`'s lines (the same keys: variant, n, dtype, ms_per_iter,
-//! ratio_to_torch).
+//! goes against one `jax.jit` of the whole step, which fuses the add. It exits non-zero
+//! when the proof or a result check fails. One machine-readable `BENCH {json}` line per
+//! figure, next to `bench/python_pipeline.py`'s lines (the same keys: variant, n,
+//! dtype, ms_per_iter, ratio_to_torch).
 //!
 //! Without a GPU it prints `SKIPPED: reason` and exits 0 (1 when
 //! `HANDOFF_REQUIRE_GPU=1`, as the GPU bundle sets).
