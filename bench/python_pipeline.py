@@ -9,7 +9,14 @@ JAX), x = x + y (PyTorch residual). Variants:
   jax        the whole step in one jax.jit (what fusion alone gives)
 
 Prints one JSON object per (variant, size) with the median ms per iteration, and for
-`interop` the median host time of each hand-off direction over 10,000 calls.
+`interop` the median host time of each hand-off direction over 10,000 calls. Then one
+`parts` object per size: the GPU time of each kernel of the step, each framework's own
+(PyTorch's matmul and add timed with CUDA events, back to back; JAX's matmul back to
+back; its layer norm + gelu kernel and the whole step each looped `--loop` times inside
+one jax.jit, each iteration on the last one's output, so no host dispatch sits between
+them and nothing is loop-invariant): the
+floor of the split (matmul and add in PyTorch, layer norm + gelu in XLA) against one
+jax.jit of the whole step.
 
     python3 bench/python_pipeline.py --sizes 4096 256 --dtype bf16
 """
@@ -57,6 +64,57 @@ def timed(step, x, iters, reps, sync):
     return statistics.median(per_iter), x
 
 
+def torch_gpu_ms(f, iters, reps):
+    """Median GPU ms per call of `f` launched `iters` times back to back (CUDA events)."""
+    for _ in range(3):
+        f()
+    per = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            f()
+        end.record()
+        end.synchronize()
+        per.append(start.elapsed_time(end) / iters)
+    return statistics.median(per)
+
+
+def jax_ms(f, args, calls, reps):
+    """Median wall ms per call of the jitted `f`, `calls` calls then one wait."""
+    out = f(*args)
+    jax.block_until_ready(out)
+    per = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = f(*args)
+        jax.block_until_ready(out)
+        per.append((time.perf_counter() - t0) * 1e3 / calls)
+    return statistics.median(per)
+
+
+def parts(n, dtype, x0, w, xj, wj, loop, iters, reps):
+    """The GPU time of each kernel of the step, in each framework (see the module docs)."""
+    h = x0 @ w
+    y = ln_gelu_torch(h)
+    out = {"variant": "parts", "n": n, "dtype": dtype, "loop": loop}
+    out["ms_torch_matmul"] = torch_gpu_ms(lambda: x0 @ w, iters, reps)
+    out["ms_torch_add"] = torch_gpu_ms(lambda: x0 + y, iters, reps)
+    hj = xj @ wj
+
+    def looped(body):
+        return jax.jit(lambda *a: jax.lax.fori_loop(0, loop, lambda i, c: body(*c), a))
+
+    out["ms_jax_matmul"] = jax_ms(jax.jit(lambda x: x @ wj), (xj,), iters, reps)
+    out["ms_xla_ln_gelu"] = jax_ms(looped(lambda h: (ln_gelu_jax(h),)), (hj,), 1, reps) / loop
+    out["ms_jax_step_looped"] = jax_ms(looped(lambda x: (x + ln_gelu_jax(x @ wj),)), (xj,), 1, reps) / loop
+    split = out["ms_torch_matmul"] + out["ms_xla_ln_gelu"] + out["ms_torch_add"]
+    out["ms_split_floor"] = split
+    out["split_floor_to_jax_step_looped"] = split / out["ms_jax_step_looped"]
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 256])
@@ -64,6 +122,7 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--handoff-samples", type=int, default=10_000)
+    ap.add_argument("--loop", type=int, default=50)
     args = ap.parse_args()
     tdt = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     dev = torch.device("cuda")
@@ -125,6 +184,7 @@ def main():
             to_jax.append((t1 - t0) * 1e6)
             to_torch.append((t2 - t1) * 1e6)
             del a, b
+        part = parts(n, args.dtype, x0, w, xj, wj, args.loop, iters, args.reps)
         for variant, ms in results.items():
             out = {"variant": variant, "n": n, "dtype": args.dtype, "ms_per_iter": round(ms, 4),
                    "ratio_to_torch": round(ms / results["torch"], 3)}
@@ -132,6 +192,7 @@ def main():
                 out["host_us_torch_to_jax"] = round(statistics.median(to_jax), 2)
                 out["host_us_jax_to_torch"] = round(statistics.median(to_torch), 2)
             print(json.dumps(out), flush=True)
+        print(json.dumps(part), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@
 //! proof: with ~50 ms of GPU work queued first (`at::cuda::sleep` on PyTorch's stream),
 //! a whole step is enqueued in under 1 ms, with no host sync, the GPU still busy
 //! afterwards, and a correct result. It also times the step's parts alone (the matmul,
-//! the step without its residual add, the add) to show where a GPU-bound step's time
+//! the step without its residual add, the add), and CUDA timing events on PyTorch's stream
+//! around each part of the real step, to show where a GPU-bound step's time
 //! goes against one `jax.jit` of the whole step, which fuses the add. It exits non-zero
 //! when the proof or a result check fails. One machine-readable `BENCH {json}` line per
 //! figure, next to `bench/python_pipeline.py`'s lines (the same keys: variant, n,
@@ -307,6 +308,76 @@ fn gpu_parts(p: &Pipeline, x0: &Tensor, iters: usize, reps: usize) -> Result<Par
     Ok(parts)
 }
 
+/// Where a step's GPU time goes, seen from PyTorch's stream: CUDA timing events
+/// recorded on it around each part of the real step (the host runs ahead, so each
+/// span is GPU time), medians in ms. The kernel call's span runs from the matmul's end
+/// to the moment its output is ready on PyTorch's stream: XLA's wait for its input,
+/// its layer norm + gelu kernel, and PyTorch's wait for its output, the two
+/// cross-framework dependencies included.
+struct Timeline {
+    matmul: f64,
+    call: f64,
+    add: f64,
+    step: f64,
+}
+
+fn gpu_timeline(p: &Pipeline, x0: &Tensor, steps: usize) -> Result<Timeline, PipelineError> {
+    use cudarc::driver::sys;
+    let failed = |what: &str, r: sys::CUresult| PipelineError::NoCuda(format!("timeline: {what}: {r:?}"));
+    let stream = handoff_torch::cuda::current_raw_stream(0)? as usize as sys::CUstream;
+    let mut events = vec![[std::ptr::null_mut::<sys::CUevent_st>(); 4]; steps];
+    for e in events.iter_mut().flat_map(|s| s.iter_mut()) {
+        // SAFETY: a valid out pointer; PyTorch made the primary context current.
+        let r = unsafe { sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(failed("cuEventCreate", r));
+        }
+    }
+    // SAFETY: a live event of this context and PyTorch's live current stream.
+    let record = |e: sys::CUevent| unsafe { sys::cuEventRecord(e, stream) };
+    let mut x = x0.shallow_clone();
+    for _ in 0..3 {
+        x = p.step(&x, None)?;
+    }
+    p.synchronize();
+    for e in &events {
+        record(e[0]);
+        let h = p.matmul(&x)?;
+        record(e[1]);
+        let y = p.kernel(&h)?;
+        record(e[2]);
+        x = x.f_add(&y)?;
+        record(e[3]);
+    }
+    p.synchronize();
+    let elapsed = |a: sys::CUevent, b: sys::CUevent| {
+        let mut ms = 0f32;
+        // SAFETY: both recorded on the same stream and complete (synchronized above).
+        let r = unsafe { sys::cuEventElapsedTime_v2(&mut ms, a, b) };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(f64::from(ms))
+        } else {
+            Err(failed("cuEventElapsedTime", r))
+        }
+    };
+    let mut spans: [Vec<f64>; 4] = std::array::from_fn(|_| Vec::with_capacity(steps));
+    for e in &events {
+        spans[0].push(elapsed(e[0], e[1])?);
+        spans[1].push(elapsed(e[1], e[2])?);
+        spans[2].push(elapsed(e[2], e[3])?);
+        spans[3].push(elapsed(e[0], e[3])?);
+    }
+    for e in events.iter().flatten() {
+        // SAFETY: created above, complete, destroyed once.
+        unsafe { sys::cuEventDestroy_v2(*e) };
+    }
+    let [matmul, call, add, step] = spans.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    });
+    Ok(Timeline { matmul, call, add, step })
+}
+
 /// GPU clock cycles of `at::cuda::sleep` that keep PyTorch's stream busy for `ms`.
 fn cycles_for(p: &Pipeline, ms: f64) -> Result<i64, PipelineError> {
     handoff_torch::cuda::sleep(0, 1000)?; // loads the kernel
@@ -392,6 +463,11 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
     let steps = ((iters * args.reps) + 3) as f64;
     let shared = shared_stream(&p, &x0, iters, args.reps)?;
     let parts = gpu_parts(&p, &x0, iters, args.reps)?;
+    // The GPU timeline on PyTorch's own stream, then with PyTorch on XLA's ready stream.
+    let mut timelines = vec![("two streams", "two", gpu_timeline(&p, &x0, iters)?)];
+    if let Some(_one_stream) = p.share_stream()? {
+        timelines.push(("one stream", "one", gpu_timeline(&p, &x0, iters)?));
+    }
 
     // Where the host time of a step goes.
     let mut phases = Phases::default();
@@ -684,6 +760,21 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
         .f("ms_step_without_add", parts.without_add, 4)
         .f("ms_torch_add", parts.add, 4)
         .print();
+    for (label, key, t) in &timelines {
+        println!(
+            "GPU timeline on PyTorch's stream, {label}, median of {iters} steps, ms: torch matmul {:.4}, \
+             kernel call (XLA's wait, its kernel, PyTorch's wait) {:.4}, torch residual add {:.4}; step {:.4}",
+            t.matmul, t.call, t.add, t.step
+        );
+        base("gpu_timeline", &p)
+            .s("streams", key)
+            .n("steps", iters)
+            .f("ms_torch_matmul", t.matmul, 4)
+            .f("ms_kernel_call_span", t.call, 4)
+            .f("ms_torch_add", t.add, 4)
+            .f("ms_step", t.step, 4)
+            .print();
+    }
     println!("host time per step by phase (mean of {} steps):", phases.steps);
     for (name, d) in phases.list() {
         println!("  {name:<22} {:>8.2} us", per_step(d));

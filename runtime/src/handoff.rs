@@ -14,6 +14,7 @@ use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use dlpark::{Managed, ManagedTensorBase};
 use std::borrow::Cow;
 use std::ffi::c_void;
+use std::ptr::NonNull;
 
 /// How a producer describes its memory for export. Nothing is copied.
 ///
@@ -133,9 +134,18 @@ pub trait Import: Sized {
 pub struct Handoff {
     managed: Managed<DLManagedTensorVersioned>,
     device: Device,
-    consumer: Stream,
+    /// The consumer stream, held by the tensor's context (`managed::Owner`):
+    /// valid as long as `managed` is owned here.
+    consumer: NonNull<Stream>,
     ready: Ready,
 }
+
+// SAFETY: `consumer` points into the managed tensor this value owns, a `Stream`
+// (`Send + Sync`) that nothing else touches before the deleter, which only an owner
+// runs; the rest is the managed tensor and plain values.
+unsafe impl Send for Handoff {}
+// SAFETY: as above; `&Handoff` only reads.
+unsafe impl Sync for Handoff {}
 
 impl Handoff {
     /// Makes `value` ready on `consumer` and wraps it (what [`Export::export`] does).
@@ -179,14 +189,14 @@ impl Handoff {
             let prepared = managed::prepare::<K>(&parts)?;
             (prepared, validate::check_parts(&parts, Access::Read)?.device)
         };
-        let release_after = match release {
-            Release::AfterConsumer => Some(consumer.clone()),
-            Release::Immediately => None,
+        let owner = Owner {
+            consumer: consumer.clone(),
+            after_consumer: release == Release::AfterConsumer,
+            keep_alive: Some(keep_alive),
         };
-        let managed =
-            prepared.finish(Owner { keep_alive: Some(keep_alive), release_after }).map_err(|(e, _)| e)?;
+        let (managed, consumer) = prepared.finish(owner).map_err(|(e, _)| e)?;
         stats::count(Counter::Exports, 1);
-        Ok(Handoff { managed, device, consumer: consumer.clone(), ready })
+        Ok(Handoff { managed, device, consumer, ready })
     }
 
     /// Takes in a foreign `DLManagedTensorVersioned` that its producer has already
@@ -265,10 +275,10 @@ impl Handoff {
             flags,
         };
         let prepared = managed::prepare::<Managed<M>>(&parts)?;
-        let owner = Owner { keep_alive: Some(foreign), release_after: Some(consumer.clone()) };
-        let managed = prepared.finish(owner).map_err(|(e, _)| e)?;
+        let owner = Owner { consumer: consumer.clone(), after_consumer: true, keep_alive: Some(foreign) };
+        let (managed, consumer) = prepared.finish(owner).map_err(|(e, _)| e)?;
         stats::count(Counter::Imports, 1);
-        Ok(Handoff { managed, device, consumer: consumer.clone(), ready: Ready::Elided })
+        Ok(Handoff { managed, device, consumer, ready: Ready::Elided })
     }
 
     /// Gives the hand-off to a consumer type (counted as an import).
@@ -380,7 +390,9 @@ impl Handoff {
 
     /// The stream the data was made ready on, and on which the consumer works.
     pub fn consumer_stream(&self) -> &Stream {
-        &self.consumer
+        // SAFETY: the owner in the managed tensor's context holds it until the deleter
+        // runs, which happens only once `self` gives the tensor up or is dropped.
+        unsafe { self.consumer.as_ref() }
     }
 
     /// What making the data ready took.
@@ -397,7 +409,7 @@ impl std::fmt::Debug for Handoff {
             .field("shape", &self.shape())
             .field("strides", &self.strides())
             .field("byte_offset", &self.byte_offset())
-            .field("consumer", &self.consumer)
+            .field("consumer", self.consumer_stream())
             .field("ready", &self.ready)
             .finish()
     }

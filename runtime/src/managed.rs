@@ -13,17 +13,24 @@ use dlpark::{DlpackFlags, Managed, OpaqueContext};
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
-/// The DLPack context of a hand-off: the producer's keep-alive, and the stream after
-/// whose queued work it may go (`None`: at once).
+/// The DLPack context of a hand-off: its consumer stream, the producer's keep-alive,
+/// and whether that goes back after the consumer's queued work (else at once).
+///
+/// The hand-off's one handle of its consumer stream lives here, first (`repr(C)`), so
+/// that [`Handoff`](crate::Handoff) reads it through the context pointer whatever `K`
+/// is: a hand-off clones its consumer stream once, not once for itself and once more
+/// for its release.
+#[repr(C)]
 pub(crate) struct Owner<K: Send + 'static> {
+    pub consumer: Stream,
+    pub after_consumer: bool,
     pub keep_alive: Option<K>,
-    pub release_after: Option<Stream>,
 }
 
 impl<K: Send + 'static> Drop for Owner<K> {
     fn drop(&mut self) {
         if let Some(k) = self.keep_alive.take() {
-            reaper::release_after(self.release_after.as_ref(), k);
+            reaper::release_after(self.after_consumer.then_some(&self.consumer), k);
         }
     }
 }
@@ -111,15 +118,17 @@ const fn owner_words<K: Send + 'static>() -> usize {
     (size_of::<Owner<K>>() + align.saturating_sub(8)).div_ceil(8)
 }
 
+/// A finished managed tensor and its owner's consumer stream (see [`Owner`]).
+pub(crate) type Finished = (Managed<DLManagedTensorVersioned>, NonNull<Stream>);
+
 impl<K: Send + 'static> Prepared<K> {
     /// Puts `owner` in place and finishes the managed tensor, whose deleter drops the
     /// owner (so releases the keep-alive) and frees the allocation. On error (none
     /// can happen: the rank was checked) nothing is built and the keep-alive is
-    /// given back, never seen by a consumer.
-    pub(crate) fn finish(
-        self,
-        mut owner: Owner<K>,
-    ) -> std::result::Result<Managed<DLManagedTensorVersioned>, (Error, Option<K>)> {
+    /// given back, never seen by a consumer. Returns, with the tensor, the owner's
+    /// consumer stream (`Owner` is `repr(C)` with the stream first), valid until the
+    /// tensor's deleter runs.
+    pub(crate) fn finish(self, mut owner: Owner<K>) -> std::result::Result<Finished, (Error, Option<K>)> {
         let Prepared { mut allocation, ndim, data, device, dtype, byte_offset, flags, .. } = self;
         let at = allocation.extra_mut()[2 * ndim..].as_mut_ptr() as *mut u8;
         let owner_at = at.wrapping_add(at.align_offset(align_of::<Owner<K>>())) as *mut Owner<K>;
@@ -150,7 +159,9 @@ impl<K: Send + 'static> Prepared<K> {
         unsafe { init.set_flags_unchecked(flags) };
         // SAFETY: data, device and dtype describe memory the owner keeps alive until
         // the deleter runs; shape and strides are in the allocation itself.
-        Ok(unsafe { init.finish() })
+        let managed = unsafe { init.finish() };
+        // SAFETY: `owner_at` is not null (above); `Owner` is `repr(C)` with the stream first.
+        Ok((managed, unsafe { NonNull::new_unchecked(owner_at.cast::<Stream>()) }))
     }
 }
 
@@ -233,8 +244,14 @@ mod tests {
         let drops = Arc::new(AtomicUsize::new(0));
         for shape in [&[][..], &[0, 3][..], &[2, 3, 4][..]] {
             let prepared = prepare::<Wide>(&parts(shape)).unwrap();
-            let owner = Owner { keep_alive: Some(Wide(drops.clone())), release_after: None };
-            let managed = prepared.finish(owner).unwrap_or_else(|_| panic!("finish {shape:?}"));
+            let owner = Owner {
+                consumer: Stream::host(),
+                after_consumer: false,
+                keep_alive: Some(Wide(drops.clone())),
+            };
+            let (managed, consumer) = prepared.finish(owner).unwrap_or_else(|_| panic!("finish {shape:?}"));
+            // SAFETY: valid until the deleter runs (below).
+            assert!(unsafe { consumer.as_ref() }.is_host());
             // SAFETY: owned and just built.
             let t = unsafe { managed.tensor() };
             assert_eq!(t.ndim as usize, shape.len());

@@ -58,7 +58,10 @@ pub struct CudaTensor<T> {
     storage: Storage<T>,
     ptr: sys::CUdeviceptr,
     ordinal: u32,
-    stream: Stream,
+    /// The stream its pending writes are on, when it is not the imported hand-off's
+    /// consumer stream (an owned tensor's, or one given with `set_stream`): an import
+    /// makes no handle of its own.
+    stream: Option<Stream>,
 }
 
 impl<T: DlpackElement> CudaTensor<T> {
@@ -104,7 +107,7 @@ impl<T: DlpackElement> CudaTensor<T> {
             shape: shape.to_vec(),
             strides: strides.to_vec(),
         };
-        Ok(CudaTensor { storage, ptr, ordinal, stream })
+        Ok(CudaTensor { storage, ptr, ordinal, stream: Some(stream) })
     }
 }
 
@@ -170,7 +173,12 @@ impl<T> CudaTensor<T> {
 
     /// The handoff stream its pending writes are on.
     pub fn stream(&self) -> &Stream {
-        &self.stream
+        match (&self.stream, &self.storage) {
+            (Some(stream), _) => stream,
+            (None, Storage::Imported { handoff, .. }) => handoff.consumer_stream(),
+            // An owned tensor always has its stream (`with_strides`).
+            (None, Storage::Owned { release, .. }) => release,
+        }
     }
 
     /// Moves the tensor to `stream` (same device): later hand-offs order after work
@@ -185,7 +193,7 @@ impl<T> CudaTensor<T> {
         if stream.device() != Device::Cuda(self.ordinal) {
             return Err(Error::CrossDevice { from: Device::Cuda(self.ordinal), to: stream.device() });
         }
-        self.stream = stream;
+        self.stream = Some(stream);
         Ok(())
     }
 
@@ -242,7 +250,7 @@ impl<T> std::fmt::Debug for CudaTensor<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaTensor")
             .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("stream", &self.stream)
+            .field("stream", self.stream())
             .field("shape", &self.shape())
             .field("strides", &self.strides())
             .field("imported", &self.is_imported())
@@ -255,7 +263,7 @@ impl<T> StreamOrdered for CudaTensor<T> {
         Device::Cuda(self.ordinal)
     }
     fn stream(&self) -> Option<Stream> {
-        Some(self.stream.clone())
+        Some(self.stream().clone())
     }
     fn release_stream(&self) -> Option<Stream> {
         Some(self.release().clone())
@@ -264,7 +272,7 @@ impl<T> StreamOrdered for CudaTensor<T> {
         self.release() == consumer
     }
     fn ready_on(&self, consumer: &Stream) -> Result<Ready> {
-        order(Some(&self.stream), consumer)
+        order(Some(self.stream()), consumer)
     }
 }
 
@@ -315,12 +323,11 @@ impl<T: DlpackElement> Import for CudaTensor<T> {
         }
         let ctx = context_ref(ordinal)?;
         let ptr = handoff.data_ptr() as usize as u64;
-        let stream = consumer.clone();
         Ok(CudaTensor {
             storage: Storage::Imported { handoff, ctx, slice: OnceLock::new() },
             ptr,
             ordinal,
-            stream,
+            stream: None,
         })
     }
 }

@@ -55,7 +55,7 @@ extern "C" {
 void hf_free_message(char* m) { std::free(m); }
 
 char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* strides, int32_t cap,
-                  int32_t with_names) {
+                  int32_t what) {
   HF_TRY({
     std::memset(out, 0, sizeof(*out));
     const at::Tensor& t = *static_cast<const at::Tensor*>(tensor);
@@ -69,7 +69,7 @@ char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* st
     out->device_index = t.device().has_index() ? t.device().index() : -1;
     // Names are for refusals only, and formatting them costs more than the rest of
     // the description: the caller asks for them again when it refuses.
-    if (with_names != 0) {
+    if ((what & HF_DESCRIBE_NAMES) != 0) {
       std::ostringstream layout;
       layout << t.layout();
       copy_name(out->layout_name, layout.str());
@@ -84,6 +84,12 @@ char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* st
     if (t.layout() != at::kStrided || t.is_quantized() || t.device().is_meta()) {
       return nullptr;
     }
+#ifdef HANDOFF_TORCH_CUDA
+    if ((what & HF_DESCRIBE_STREAM) != 0 && t.device().is_cuda()) {
+      out->stream = reinterpret_cast<uint64_t>(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+      out->has_stream = 1;
+    }
+#endif
     // A tensor without storage (a functional or fake wrapper) throws here.
     out->data = t.numel() == 0 ? nullptr : const_cast<void*>(t.const_data_ptr());
     if (out->ndim <= cap) {

@@ -23,7 +23,9 @@ typedef struct hf_facts {
   int32_t requires_grad;
   int32_t ndim;
   int32_t itemsize;
+  int32_t has_stream;  // 1 when `stream` holds the current stream (HF_DESCRIBE_STREAM)
   void* data;  // address of the first element (NULL when the tensor is empty)
+  uint64_t stream;  // PyTorch's current CUDA stream of the tensor's device
   char layout_name[32];
   char device_name[32];
   char dtype_name[32];
@@ -31,10 +33,16 @@ typedef struct hf_facts {
 
 void hf_free_message(char* message);
 
+// What hf_describe reads besides the facts: the names (layout, dtype, device), for
+// refusals; PyTorch's current stream of a CUDA tensor's device, for an export (one
+// call instead of two).
+#define HF_DESCRIBE_NAMES 1
+#define HF_DESCRIBE_STREAM 2
+
 // Reads a tensor's facts; sizes and strides get `ndim` values when ndim <= cap.
-// Names (layout, dtype, device) are filled only when `with_names` is non-zero.
+// `what` is a set of HF_DESCRIBE_* bits.
 char* hf_describe(const void* tensor, hf_facts* out, int64_t* sizes, int64_t* strides, int32_t cap,
-                  int32_t with_names);
+                  int32_t what);
 
 // A tensor viewing `data` (no copy). `ctx` is consumed in every case: on success the
 // tensor owns it and calls deleter(ctx) once when its storage dies; on failure

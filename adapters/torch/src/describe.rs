@@ -16,6 +16,9 @@ pub(crate) struct Described {
     pub dtype: DataType,
     pub shape: Dims,
     pub strides: Dims,
+    /// PyTorch's current stream of the tensor's CUDA device (raw), when it was asked
+    /// for ([`describe_for_export`]).
+    pub current_stream: Option<u64>,
 }
 
 // SAFETY: a description only: `data` is an address, never dereferenced through it.
@@ -35,8 +38,18 @@ impl Described {
 
 /// Reads and checks everything an export needs; refuses what DLPack cannot describe.
 pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Described, TorchError> {
+    describe_with(tensor, 0)
+}
+
+/// [`describe_tensor`], with PyTorch's current stream of a CUDA tensor's device read
+/// in the same shim call.
+pub(crate) fn describe_for_export(tensor: &tch::Tensor) -> std::result::Result<Described, TorchError> {
+    describe_with(tensor, ffi::DESCRIBE_STREAM)
+}
+
+fn describe_with(tensor: &tch::Tensor, what: i32) -> std::result::Result<Described, TorchError> {
     let mut dims = [MaybeUninit::<i64>::uninit(); 2 * MAX_NDIM as usize];
-    let facts = read_facts(tensor, false, &mut dims)?;
+    let facts = read_facts(tensor, what, &mut dims)?;
     let (shape, strides) = dims.split_at(MAX_NDIM as usize);
     if facts.defined == 0 {
         return Err(TorchError::Undefined);
@@ -65,7 +78,8 @@ pub(crate) fn describe_tensor(tensor: &tch::Tensor) -> std::result::Result<Descr
     if facts.is_neg != 0 {
         return Err(TorchError::Negative);
     }
-    Ok(Described { data: facts.data, device, dtype, shape, strides })
+    let current_stream = (facts.has_stream == 1).then_some(facts.stream);
+    Ok(Described { data: facts.data, device, dtype, shape, strides, current_stream })
 }
 
 /// The values of a written buffer.
@@ -81,7 +95,7 @@ unsafe fn init(written: &[MaybeUninit<i64>]) -> Dims {
 /// PyTorch's names of them (asked of the shim again, now with names).
 fn refusal(tensor: &tch::Tensor, scalar_type: i32) -> TorchError {
     let mut dims = [MaybeUninit::<i64>::uninit(); 2 * MAX_NDIM as usize];
-    let facts = match read_facts(tensor, true, &mut dims) {
+    let facts = match read_facts(tensor, ffi::DESCRIBE_NAMES, &mut dims) {
         Ok(facts) => facts,
         Err(e) => return e,
     };
@@ -97,12 +111,12 @@ fn refusal(tensor: &tch::Tensor, scalar_type: i32) -> TorchError {
     TorchError::UnsupportedDevice { device: ffi::name(&facts.device_name) }
 }
 
-/// The shim's facts of `tensor` (names only `with_names`), its sizes written to the
+/// The shim's facts of `tensor` (and what the `ffi::DESCRIBE_*` bits of `what` ask), its sizes written to the
 /// first `MAX_NDIM` values of `dims` and its strides to the others (`ndim` of each,
 /// when `ndim <= MAX_NDIM`).
 pub(crate) fn read_facts(
     tensor: &tch::Tensor,
-    with_names: bool,
+    what: i32,
     dims: &mut [MaybeUninit<i64>; 2 * MAX_NDIM as usize],
 ) -> std::result::Result<ffi::TensorFacts, TorchError> {
     let mut facts = ffi::TensorFacts::default();
@@ -116,7 +130,7 @@ pub(crate) fn read_facts(
             shape.as_mut_ptr() as *mut i64,
             strides.as_mut_ptr() as *mut i64,
             MAX_NDIM,
-            i32::from(with_names),
+            what,
         )
     })?;
     Ok(facts)

@@ -18,7 +18,9 @@ pub(crate) struct TensorFacts {
     pub requires_grad: i32,
     pub ndim: i32,
     pub itemsize: i32,
+    pub has_stream: i32,
     pub data: *mut c_void,
+    pub stream: u64,
     pub layout_name: [c_char; 32],
     pub device_name: [c_char; 32],
     pub dtype_name: [c_char; 32],
@@ -37,13 +39,20 @@ impl Default for TensorFacts {
             requires_grad: 0,
             ndim: 0,
             itemsize: 0,
+            has_stream: 0,
             data: std::ptr::null_mut(),
+            stream: 0,
             layout_name: [0; 32],
             device_name: [0; 32],
             dtype_name: [0; 32],
         }
     }
 }
+
+/// `HF_DESCRIBE_NAMES` of shim.h: the names of layout, dtype and device.
+pub(crate) const DESCRIBE_NAMES: i32 = 1;
+/// `HF_DESCRIBE_STREAM` of shim.h: PyTorch's current stream of a CUDA tensor's device.
+pub(crate) const DESCRIBE_STREAM: i32 = 2;
 
 pub(crate) fn name(buf: &[c_char; 32]) -> String {
     // SAFETY: the shim always NUL-terminates within the 32 bytes (and zeroes them first).
@@ -58,7 +67,7 @@ unsafe extern "C" {
         sizes: *mut i64,
         strides: *mut i64,
         cap: i32,
-        with_names: i32,
+        what: i32,
     ) -> *mut c_char;
     pub(crate) fn hf_from_blob(
         data: *mut c_void,

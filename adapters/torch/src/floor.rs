@@ -14,7 +14,7 @@ use std::mem::MaybeUninit;
 /// flags), with no checks: returns the data pointer.
 pub fn describe(tensor: &tch::Tensor) -> Result<*mut c_void, TorchError> {
     let mut dims = [MaybeUninit::<i64>::uninit(); 2 * MAX_NDIM as usize];
-    Ok(crate::describe::read_facts(tensor, false, &mut dims)?.data)
+    Ok(crate::describe::read_facts(tensor, 0, &mut dims)?.data)
 }
 
 /// The shim's `recordStream` of `tensor` on CUDA stream `raw` of device `ordinal`.

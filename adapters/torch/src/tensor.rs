@@ -2,7 +2,7 @@
 //! the consumer works on another stream; and [`CurrentStream`], which lets generic
 //! code take and return plain `tch::Tensor`s.
 
-use crate::describe::{Described, describe_tensor};
+use crate::describe::{Described, describe_for_export, describe_tensor};
 use crate::error::TorchError;
 use crate::import::{ImportOptions, import, view};
 use crate::{current_stream, init};
@@ -48,9 +48,18 @@ impl TorchTensor {
     /// immediately (no other code runs on the tensor in between).
     fn for_export(tensor: tch::Tensor) -> Result<TorchTensor> {
         init();
-        let described = describe_tensor(&tensor)?;
+        // One shim call reads the tensor and, for a CUDA tensor, PyTorch's current stream.
+        let described = describe_for_export(&tensor)?;
         let device = described.device;
-        let stream = current_stream(device)?;
+        let stream = match (device, described.current_stream) {
+            #[cfg(feature = "cuda")]
+            (Device::Cuda(ordinal), Some(raw)) => {
+                // SAFETY: PyTorch's current stream of the tensor's device, of the
+                // primary context, alive as `cuda::current_stream` documents.
+                Some(unsafe { handoff_runtime::cuda::stream(ordinal, raw) }?)
+            }
+            _ => current_stream(device)?,
+        };
         Ok(TorchTensor { tensor, device, stream, described: Some(described), read_only: false })
     }
 
