@@ -12,9 +12,10 @@
 //! proof: with ~50 ms of GPU work queued first (`at::cuda::sleep` on PyTorch's stream),
 //! a whole step is enqueued in under 1 ms, with no host sync, the GPU still busy
 //! afterwards, and a correct result. It also times the step's parts alone (the matmul,
-//! the step without its residual add, the add), and CUDA timing events on PyTorch's stream
-//! around each part of the real step, to show where a GPU-bound step's time
-//! goes against one `jax.jit` of the whole step, which fuses the add. It exits non-zero
+//! the step without its residual add, the add), the kernel call's GPU span in the real
+//! step (CUDA timing events on PyTorch's stream), and the step made of the bare
+//! framework calls instead of handoff's (its floor), to show where a GPU-bound step's
+//! time goes against one `jax.jit` of the whole step, which fuses the add. It exits non-zero
 //! when the proof or a result check fails. One machine-readable `BENCH {json}` line per
 //! figure, next to `bench/python_pipeline.py`'s lines (the same keys: variant, n,
 //! dtype, ms_per_iter, ratio_to_torch).
@@ -308,16 +309,16 @@ fn gpu_parts(p: &Pipeline, x0: &Tensor, iters: usize, reps: usize) -> Result<Par
     Ok(parts)
 }
 
-/// Where a step's GPU time goes, seen from PyTorch's stream: CUDA timing events
-/// recorded on it around each part of the real step (the host runs ahead, so each
-/// span is GPU time), medians in ms. The kernel call's span runs from the matmul's end
-/// to the moment its output is ready on PyTorch's stream: XLA's wait for its input,
-/// its layer norm + gelu kernel, and PyTorch's wait for its output, the two
-/// cross-framework dependencies included.
+/// Where a step's GPU time goes, seen from PyTorch's stream: two CUDA timing events
+/// recorded on it in each real step, after the matmul and after the kernel call (the
+/// host runs ahead, so each span is GPU time), medians in ms. The kernel call's span
+/// runs from the matmul's end to the moment its output is ready on PyTorch's stream:
+/// XLA's wait for its input, its layer norm + gelu kernel, and PyTorch's wait for its
+/// output, the two cross-framework dependencies included; the rest of the step (from
+/// one step's matmul end to the next's) is PyTorch's add and matmul.
 struct Timeline {
-    matmul: f64,
     call: f64,
-    add: f64,
+    rest: f64,
     step: f64,
 }
 
@@ -325,7 +326,7 @@ fn gpu_timeline(p: &Pipeline, x0: &Tensor, steps: usize) -> Result<Timeline, Pip
     use cudarc::driver::sys;
     let failed = |what: &str, r: sys::CUresult| PipelineError::NoCuda(format!("timeline: {what}: {r:?}"));
     let stream = handoff_torch::cuda::current_raw_stream(0)? as usize as sys::CUstream;
-    let mut events = vec![[std::ptr::null_mut::<sys::CUevent_st>(); 4]; steps];
+    let mut events = vec![[std::ptr::null_mut::<sys::CUevent_st>(); 2]; steps + 1];
     for e in events.iter_mut().flat_map(|s| s.iter_mut()) {
         // SAFETY: a valid out pointer; PyTorch made the primary context current.
         let r = unsafe { sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) };
@@ -341,13 +342,11 @@ fn gpu_timeline(p: &Pipeline, x0: &Tensor, steps: usize) -> Result<Timeline, Pip
     }
     p.synchronize();
     for e in &events {
-        record(e[0]);
         let h = p.matmul(&x)?;
-        record(e[1]);
+        record(e[0]);
         let y = p.kernel(&h)?;
-        record(e[2]);
+        record(e[1]);
         x = x.f_add(&y)?;
-        record(e[3]);
     }
     p.synchronize();
     let elapsed = |a: sys::CUevent, b: sys::CUevent| {
@@ -360,22 +359,21 @@ fn gpu_timeline(p: &Pipeline, x0: &Tensor, steps: usize) -> Result<Timeline, Pip
             Err(failed("cuEventElapsedTime", r))
         }
     };
-    let mut spans: [Vec<f64>; 4] = std::array::from_fn(|_| Vec::with_capacity(steps));
-    for e in &events {
-        spans[0].push(elapsed(e[0], e[1])?);
-        spans[1].push(elapsed(e[1], e[2])?);
-        spans[2].push(elapsed(e[2], e[3])?);
-        spans[3].push(elapsed(e[0], e[3])?);
+    let (mut call, mut step) = (Vec::with_capacity(steps), Vec::with_capacity(steps));
+    for w in events.windows(2) {
+        call.push(elapsed(w[0][0], w[0][1])?);
+        step.push(elapsed(w[0][0], w[1][0])?);
     }
     for e in events.iter().flatten() {
         // SAFETY: created above, complete, destroyed once.
         unsafe { sys::cuEventDestroy_v2(*e) };
     }
-    let [matmul, call, add, step] = spans.map(|mut v| {
+    let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
-    });
-    Ok(Timeline { matmul, call, add, step })
+    };
+    let (call, step) = (median(call), median(step));
+    Ok(Timeline { call, rest: step - call, step })
 }
 
 /// GPU clock cycles of `at::cuda::sleep` that keep PyTorch's stream busy for `ms`.
@@ -464,9 +462,38 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
     let shared = shared_stream(&p, &x0, iters, args.reps)?;
     let parts = gpu_parts(&p, &x0, iters, args.reps)?;
     // The GPU timeline on PyTorch's own stream, then with PyTorch on XLA's ready stream.
+    // And the step made of the bare framework calls (its floor), both ways.
     let mut timelines = vec![("two streams", "two", gpu_timeline(&p, &x0, iters)?)];
+    // Each beside handoff's step timed again, in turns, so that all see the same machine.
+    let floors = || -> Result<[(&str, f64, f64); 4], PipelineError> {
+        use floor::OutputRelease::{Inline, InlineInputDroppedElsewhere, Reaper};
+        let mut ms: [Vec<(f64, f64)>; 4] = Default::default();
+        for _ in 0..5 {
+            ms[0].push((timed(&p, &x0, iters, args.reps, |x| p.step(x, None))?, f64::NAN));
+            ms[1].push(floor::pipeline_ms(&p, &x0, iters, args.reps, Inline)?);
+            ms[2].push(floor::pipeline_ms(&p, &x0, iters, args.reps, Reaper)?);
+            ms[3].push(floor::pipeline_ms(&p, &x0, iters, args.reps, InlineInputDroppedElsewhere)?);
+        }
+        let [h, i, r, e] = ms.map(|mut v| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            v[v.len() / 2]
+        });
+        Ok([
+            ("handoff", h.0, h.1),
+            ("inline", i.0, i.1),
+            ("reaper", r.0, r.1),
+            ("inline, h dropped on another thread", e.0, e.1),
+        ])
+    };
+    let (view_here, view_elsewhere) = floor::view_release_threads(&p, &x0, 1000)?;
+    println!(
+        "a kernel call's input view: PJRT let go of its keep-alive on the calling thread {view_here} times, \
+         on another thread {view_elsewhere} times (of 1000)"
+    );
+    let mut step_floors = vec![("two streams", "two", floors()?)];
     if let Some(_one_stream) = p.share_stream()? {
         timelines.push(("one stream", "one", gpu_timeline(&p, &x0, iters)?));
+        step_floors.push(("one stream", "one", floors()?));
     }
 
     // Where the host time of a step goes.
@@ -760,18 +787,38 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
         .f("ms_step_without_add", parts.without_add, 4)
         .f("ms_torch_add", parts.add, 4)
         .print();
+    for (label, key, [(_, handoff_ms, _), floors @ ..]) in &step_floors {
+        for (release, floor_ms, release_us) in floors {
+            println!(
+                "the step with the bare framework calls (its floor), {label}, the output released {release} \
+                 ({release_us:.2} us of host time): {floor_ms:.4} ms per step; handoff's step beside it \
+                 {handoff_ms:.4} ms ({:.3}x)",
+                handoff_ms / floor_ms
+            );
+            base("pipeline_floor", &p)
+                .s("streams", key)
+                .s("release", release)
+                .n("iters", iters)
+                .n("reps", args.reps)
+                .f("ms_per_iter", *floor_ms, 4)
+                .f("ratio_to_torch", floor_ms / ms_torch, 3)
+                .f("handoff_ms_per_iter", *handoff_ms, 4)
+                .f("handoff_to_floor", handoff_ms / floor_ms, 3)
+                .f("host_us_release", *release_us, 2)
+                .print();
+        }
+    }
     for (label, key, t) in &timelines {
         println!(
-            "GPU timeline on PyTorch's stream, {label}, median of {iters} steps, ms: torch matmul {:.4}, \
-             kernel call (XLA's wait, its kernel, PyTorch's wait) {:.4}, torch residual add {:.4}; step {:.4}",
-            t.matmul, t.call, t.add, t.step
+            "GPU timeline on PyTorch's stream, {label}, median of {iters} steps, ms: kernel call (XLA's wait, \
+             its kernel, PyTorch's wait) {:.4}, the rest (torch add and matmul) {:.4}; step {:.4}",
+            t.call, t.rest, t.step
         );
         base("gpu_timeline", &p)
             .s("streams", key)
             .n("steps", iters)
-            .f("ms_torch_matmul", t.matmul, 4)
             .f("ms_kernel_call_span", t.call, 4)
-            .f("ms_torch_add", t.add, 4)
+            .f("ms_torch_add_and_matmul", t.rest, 4)
             .f("ms_step", t.step, 4)
             .print();
     }

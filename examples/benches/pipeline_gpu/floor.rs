@@ -588,3 +588,171 @@ pub fn torch_export_in_company(
     unsafe { sys::cuEventDestroy_v2(ev) };
     result
 }
+
+/// Where [`pipeline_ms`]'s step gives the XLA output back.
+#[derive(Debug, Clone, Copy)]
+pub enum OutputRelease {
+    /// At once, on the stepping thread, after recording an event on PyTorch's stream
+    /// (the bare calls of a deferred release, without the deferral).
+    Inline,
+    /// Through handoff's reaper, as handoff's own step does: an event on PyTorch's
+    /// stream, then the release on the reaper's thread once it completed.
+    Reaper,
+    /// At once, as `Inline`, with PyTorch's `h` dropped on another thread (as a
+    /// keep-alive PJRT lets go on its own thread is).
+    InlineInputDroppedElsewhere,
+}
+
+/// An execution's outputs, whose first one was exported: its external reference
+/// given back, then every buffer destroyed, when dropped.
+struct Output(Vec<xla_floor::RawBuffer>);
+
+// SAFETY: PJRT buffers may be released and destroyed on any thread (handoff's reaper
+// releases its own there).
+unsafe impl Send for Output {}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if let Err(e) = xla_floor::release(&self.0[0]) {
+            eprintln!("floor: giving back an external reference failed: {e}");
+        }
+    }
+}
+
+/// The pipeline's step made of the bare framework calls instead of handoff's kernel
+/// call: PyTorch's matmul, the bare torch -> XLA calls (PyTorch's stream, describe,
+/// `recordStream`, the raw record + wait pair unless PyTorch works on XLA's ready
+/// stream), the view, `PJRT_LoadedExecutable_Execute`, the bare XLA -> torch calls
+/// (`wait_until_buffer_ready_on_stream`, the external reference, `from_blob`),
+/// PyTorch's add, and the bare releases (the view, the tensor, an event on PyTorch's
+/// stream, the external reference, the output buffer: at once or through the reaper,
+/// as `release` says). The same GPU work and the same
+/// cross-framework dependencies as the handoff step: the step's floor. Median ms per
+/// step over `reps` runs of `iters` steps, timed as the handoff step is, and the
+/// median host µs of the output's release.
+pub fn pipeline_ms(
+    p: &Pipeline,
+    x0: &Tensor,
+    iters: usize,
+    reps: usize,
+    release: OutputRelease,
+) -> Result<(f64, f64), PipelineError> {
+    let kernel = p.xla_kernel();
+    let (client, device, exe) = (p.client(), kernel.device(), kernel.executable());
+    let ready = kernel.ready_stream();
+    let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
+    let probe = handoff_torch::export(x0, ready)?;
+    let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
+    drop(probe);
+    let (ev_order, ev_release) = (event()?, event()?);
+    let torch_stream = handoff_torch::current_stream(handoff::Device::Cuda(0))?
+        .ok_or_else(|| failed("PyTorch stream", "none"))?;
+    let releases = std::cell::RefCell::new(Vec::with_capacity(iters * reps + 3));
+    // A thread that drops what it is sent.
+    let elsewhere = matches!(release, OutputRelease::InlineInputDroppedElsewhere).then(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Tensor>();
+        (tx, std::thread::spawn(move || rx.into_iter().for_each(drop)))
+    });
+    let step = |x: &Tensor| -> Result<Tensor, PipelineError> {
+        let h = p.matmul(x)?;
+        let ptr = bare_export(&h, ev_order, ready_raw)?;
+        // SAFETY: `h` is a live CUDA tensor of this layout (the matmul keeps `x`'s),
+        // kept until the view is dropped below; `recordStream` covers XLA's use.
+        let view = unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw) }?;
+        let outs = xla_floor::execute(exe, &[&view])?;
+        drop(view);
+        let torch_raw = handoff_torch::cuda::current_raw_stream(0)?;
+        let y_ptr = xla_floor::export(client, &outs[0], torch_raw)?;
+        // SAFETY: the output buffer's memory, of `h`'s layout, referenced until released below.
+        let y = unsafe { torch_floor::from_blob(y_ptr, &shape, &strides, dtype, 0) }.map_err(shim)?;
+        let out = x.f_add(&y)?;
+        drop(y);
+        match &elsewhere {
+            Some((tx, _)) => tx.send(h).map_err(|e| failed("dropping elsewhere", e))?,
+            None => drop(h),
+        }
+        let t = Instant::now();
+        match release {
+            OutputRelease::Inline | OutputRelease::InlineInputDroppedElsewhere => {
+                // SAFETY: a live event and PyTorch's stream.
+                unsafe { sys::cuEventRecord(ev_release, torch_raw as usize as sys::CUstream) };
+                xla_floor::release(&outs[0])?;
+                drop(outs);
+            }
+            OutputRelease::Reaper => handoff::reaper::release_after(Some(&torch_stream), Output(outs)),
+        }
+        releases.borrow_mut().push(t.elapsed());
+        Ok(out)
+    };
+    let mut x = x0.shallow_clone();
+    for _ in 0..3 {
+        x = step(&x)?;
+    }
+    p.synchronize();
+    let mut per_iter = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        for _ in 0..iters {
+            x = step(&x)?;
+        }
+        p.synchronize();
+        per_iter.push(t.elapsed() / iters as u32);
+    }
+    // SAFETY: events created above, no longer used (the device is idle).
+    unsafe {
+        sys::cuEventDestroy_v2(ev_order);
+        sys::cuEventDestroy_v2(ev_release);
+    }
+    if let Some((tx, thread)) = elsewhere {
+        drop(tx);
+        thread.join().map_err(|_| failed("dropping elsewhere", "the thread panicked"))?;
+    }
+    let release_us = model::median_us(&mut releases.borrow_mut());
+    Ok((model::median_us(&mut per_iter) / 1e3, release_us))
+}
+
+/// On which thread PJRT lets go of a view's keep-alive in a kernel call's pattern
+/// (view, execute, drop the view, drop the output): of `n` views of `h`, how many
+/// keep-alives were dropped on the thread that made the view, and how many on another.
+pub fn view_release_threads(p: &Pipeline, h: &Tensor, n: usize) -> Result<(usize, usize), PipelineError> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct Probe {
+        inner: handoff::Handoff,
+        here: std::thread::ThreadId,
+        counts: Arc<[AtomicUsize; 2]>,
+    }
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            let elsewhere = std::thread::current().id() != self.here;
+            self.counts[usize::from(elsewhere)].fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let kernel = p.xla_kernel();
+    let ready = kernel.ready_stream();
+    let counts = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    for _ in 0..n {
+        let probe = Probe {
+            inner: handoff_torch::export(h, ready)?,
+            here: std::thread::current().id(),
+            counts: counts.clone(),
+        };
+        let handoff = handoff::Handoff::with_keep_alive(
+            probe,
+            |p| Ok(p.inner.desc()),
+            ready,
+            handoff::Ready::Elided,
+            handoff::Release::Immediately,
+        )?;
+        let view = p.client().import(handoff)?;
+        let outs = kernel.executable().execute(&[&view])?;
+        drop(view);
+        drop(outs);
+    }
+    p.synchronize();
+    let end = Instant::now() + Duration::from_secs(1);
+    while counts[0].load(Ordering::SeqCst) + counts[1].load(Ordering::SeqCst) < n && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok((counts[0].load(Ordering::SeqCst), counts[1].load(Ordering::SeqCst)))
+}

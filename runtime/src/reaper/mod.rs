@@ -125,6 +125,9 @@ struct Queue {
     /// [`LINGER`]): the next release wakes it. Otherwise it polls and finds releases
     /// by itself, and a release makes no system call.
     parked: bool,
+    /// Flushes waiting on `done` for batches others took: a finished batch wakes
+    /// them, and makes no system call when there are none.
+    waiting: usize,
 }
 
 impl Queue {
@@ -401,7 +404,7 @@ fn perform(r: &Reaper, batch: Batch) {
     }
     r.pending.fetch_sub(n, Ordering::Relaxed);
     r.released.fetch_add(released, Ordering::Relaxed);
-    {
+    let waiting = {
         let mut q = lock(r);
         if let Some(lane) = q.lanes.get_mut(&batch.key) {
             lane.taken.retain(|&(id, _)| id != batch.id);
@@ -409,8 +412,12 @@ fn perform(r: &Reaper, batch: Batch) {
                 q.lanes.remove(&batch.key);
             }
         }
+        q.waiting
+    };
+    // A flush counts itself under the lock before it waits, so it cannot miss this.
+    if waiting > 0 {
+        r.done.notify_all();
     }
-    r.done.notify_all();
 }
 
 /// Blocks until every release queued before the call has happened, waiting on the
@@ -473,9 +480,11 @@ fn flush_where(select: impl Fn(&StreamKey) -> bool) {
         perform(r, batch);
     }
     let mut q = lock(r);
+    q.waiting += 1;
     while others.iter().any(|(k, id)| q.lanes.get(k).is_some_and(|l| l.taken.iter().any(|t| t.0 == *id))) {
         q = r.done.wait(q).unwrap_or_else(|p| p.into_inner());
     }
+    q.waiting -= 1;
 }
 
 /// Waits for the last of one stream's releases (events of a stream complete in
