@@ -6,6 +6,7 @@ use crate::dtype::DataType;
 use crate::error::{Result, ValidationError};
 use crate::managed::{self, Owner, Parts};
 use crate::ordered::{Ready, StreamOrdered};
+use crate::reaper;
 use crate::stats::{self, Counter};
 use crate::stream::Stream;
 use crate::validate::{self, Access};
@@ -192,6 +193,7 @@ impl Handoff {
         let owner = Owner {
             consumer: consumer.clone(),
             after_consumer: release == Release::AfterConsumer,
+            home: reaper::home_here(),
             keep_alive: Some(keep_alive),
         };
         let (managed, consumer) = prepared.finish(owner).map_err(|(e, _)| e)?;
@@ -275,7 +277,12 @@ impl Handoff {
             flags,
         };
         let prepared = managed::prepare::<Managed<M>>(&parts)?;
-        let owner = Owner { consumer: consumer.clone(), after_consumer: true, keep_alive: Some(foreign) };
+        let owner = Owner {
+            consumer: consumer.clone(),
+            after_consumer: true,
+            home: reaper::home_here(),
+            keep_alive: Some(foreign),
+        };
         let (managed, consumer) = prepared.finish(owner).map_err(|(e, _)| e)?;
         stats::count(Counter::Imports, 1);
         Ok(Handoff { managed, device, consumer, ready: Ready::Elided })

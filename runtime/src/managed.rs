@@ -24,13 +24,16 @@ use std::ptr::NonNull;
 pub(crate) struct Owner<K: Send + 'static> {
     pub consumer: Stream,
     pub after_consumer: bool,
+    /// The thread that made the hand-off: let go on another, the keep-alive is given
+    /// back there (see [`reaper`]'s homes).
+    pub home: Option<&'static reaper::Home>,
     pub keep_alive: Option<K>,
 }
 
 impl<K: Send + 'static> Drop for Owner<K> {
     fn drop(&mut self) {
         if let Some(k) = self.keep_alive.take() {
-            reaper::release_after(self.after_consumer.then_some(&self.consumer), k);
+            reaper::release_for(self.home, self.after_consumer.then_some(&self.consumer), k);
         }
     }
 }
@@ -247,6 +250,7 @@ mod tests {
             let owner = Owner {
                 consumer: Stream::host(),
                 after_consumer: false,
+                home: None,
                 keep_alive: Some(Wide(drops.clone())),
             };
             let (managed, consumer) = prepared.finish(owner).unwrap_or_else(|_| panic!("finish {shape:?}"));

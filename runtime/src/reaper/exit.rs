@@ -62,7 +62,8 @@ pub fn drain(timeout: Duration) -> Drained {
         let deadline = Instant::now() + timeout;
         let mut backoff = Duration::from_micros(5);
         loop {
-            sweep(r);
+            sweep(r, Deliver::Here);
+            home::take_all_now();
             let busy = {
                 let q = lock(r);
                 q.lanes.values().any(|l| !l.queued.is_empty() || !l.taken.is_empty())
@@ -100,7 +101,7 @@ pub fn drain(timeout: Duration) -> Drained {
         };
         let leaked = batches.iter().map(|b| b.items.len()).sum();
         for b in batches {
-            perform(r, b);
+            perform(r, b, Deliver::Here);
         }
         if leaked > 0 {
             eprintln!(

@@ -4,7 +4,11 @@
 //! The dropping thread records an event on the consumer stream and queues the
 //! keep-alive; a background thread polls the oldest event of each stream (events of
 //! one stream complete in order, so thousands of pending releases cost one query per
-//! stream per sweep) and drops what is done. Nobody waits on the device but
+//! stream per sweep) and gives what is done back to the thread that made the
+//! hand-off, which drops it at its next release (see [`take_returns`]; a keep-alive
+//! that waits there longer than [`STALE`] is dropped by the background thread).
+//! Keep-alives released at once on another thread than the one that made their
+//! hand-off (PJRT lets go of a view on its own thread) go back the same way. Nobody waits on the device but
 //! [`flush`], [`flush_stream`] and [`drain`], which tests and process exit use, and
 //! which count their host syncs.
 //!
@@ -102,6 +106,8 @@ type BatchId = u64;
 struct Pending {
     event: Event,
     keep_alive: KeepAlive,
+    /// The thread whose hand-off it was ([`home`]).
+    home: Option<&'static home::Home>,
 }
 
 /// The releases queued behind work on one stream.
@@ -229,12 +235,23 @@ fn lock(r: &Reaper) -> MutexGuard<'_, Queue> {
 /// reaper::release_after(Some(&Stream::host()), memory); // host: dropped at once
 /// ```
 pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
+    release_for(home::here(), after, keep_alive)
+}
+
+/// [`release_after`] for a keep-alive whose hand-off `home`'s thread made: where it is
+/// dropped on another thread than that one, it is given back there ([`home`]).
+pub(crate) fn release_for<K: Send + 'static>(
+    home: Option<&'static home::Home>,
+    after: Option<&Stream>,
+    keep_alive: K,
+) {
+    // What other threads let go of this thread's earlier hand-offs is dropped here,
+    // among its own releases.
+    take_returns();
     let Some(stream) = after.filter(|s| !s.is_host()) else {
         stats::count(Counter::ReleasesImmediate, 1);
-        // Dropped in place: the immediate path allocates nothing.
-        if catch_unwind(AssertUnwindSafe(move || drop(keep_alive))).is_err() {
-            eprintln!("handoff: a keep-alive panicked while being released");
-        }
+        // At home, dropped in place: the immediate path allocates nothing there.
+        home::give(home, keep_alive);
         return;
     };
     if FORKED.load(Ordering::Relaxed) {
@@ -246,7 +263,7 @@ pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
         });
         return;
     }
-    if let Err((e, keep_alive)) = defer(stream, keep_alive) {
+    if let Err((e, keep_alive)) = defer(stream, keep_alive, home) {
         leak(keep_alive);
         report_leak(|| format!("recording a release event on {stream:?} failed ({e})"));
     }
@@ -257,7 +274,11 @@ pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
 /// which [`settle`] relies on when it waits for the last one only (two threads that
 /// recorded, then locked, could queue theirs out of order, and a flush would drop the
 /// newer keep-alive once the older event completed). Recording never blocks.
-fn defer<K: Send + 'static>(stream: &Stream, keep_alive: K) -> Result<(), (crate::Error, K)> {
+fn defer<K: Send + 'static>(
+    stream: &Stream,
+    keep_alive: K,
+    home: Option<&'static home::Home>,
+) -> Result<(), (crate::Error, K)> {
     let r = reaper();
     let parked = {
         let mut q = lock(r);
@@ -272,7 +293,7 @@ fn defer<K: Send + 'static>(stream: &Stream, keep_alive: K) -> Result<(), (crate
             queued: VecDeque::new(),
             taken: Vec::new(),
         });
-        lane.queued.push_back(Pending { event, keep_alive: Box::new(keep_alive) });
+        lane.queued.push_back(Pending { event, keep_alive: Box::new(keep_alive), home });
         r.pending.fetch_add(1, Ordering::Relaxed);
         parked
     };
@@ -317,6 +338,21 @@ fn query(event: &Event) -> Result<bool, String> {
     }
 }
 
+/// Mirrors `Queue::parked` for [`keep_polling`], which must not take the lock to read it.
+static PARKED: AtomicBool = AtomicBool::new(false);
+
+/// Makes sure the background thread polls (a home holds something): wakes it if it
+/// parked. It sets [`PARKED`] before it checks the homes one last time, and the
+/// caller counted its home before this reads [`PARKED`] (both sequentially
+/// consistent), so one of the two sees the other.
+fn keep_polling() {
+    let r = reaper();
+    if PARKED.load(Ordering::SeqCst) {
+        let _q = lock(r);
+        r.wake.notify_one();
+    }
+}
+
 fn run() {
     let r = reaper();
     let mut backoff = Duration::from_micros(5);
@@ -327,17 +363,20 @@ fn run() {
             if q.shutdown && !q.has_queued() {
                 return;
             }
-            if !q.has_queued() && last_work.elapsed() >= LINGER {
+            if !q.has_queued() && !home::any_waiting() && last_work.elapsed() >= LINGER {
                 q.parked = true;
-                while q.parked && !q.has_queued() && !q.shutdown {
+                PARKED.store(true, Ordering::SeqCst);
+                while q.parked && !q.has_queued() && !q.shutdown && !home::any_waiting() {
                     q = r.wake.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
                 q.parked = false;
+                PARKED.store(false, Ordering::SeqCst);
                 last_work = Instant::now();
                 continue;
             }
         }
-        if sweep(r) == 0 {
+        // Deferred releases go to their homes; what waited there too long is dropped here.
+        if sweep(r, Deliver::Home) + home::take_all(home::STALE) == 0 {
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(MAX_POLL);
         } else {
@@ -350,7 +389,7 @@ fn run() {
 /// Takes out of the queue, without blocking, every release whose event has completed
 /// (and every one whose query failed, to leak it), and does them. Returns how many
 /// it took.
-fn sweep(r: &Reaper) -> usize {
+fn sweep(r: &Reaper, deliver: Deliver) -> usize {
     let batches: Vec<Batch> = {
         let mut q = lock(r);
         let mut found: Vec<(StreamKey, Vec<(Pending, Outcome)>)> = Vec::new();
@@ -379,20 +418,33 @@ fn sweep(r: &Reaper) -> usize {
     };
     let n = batches.iter().map(|b| b.items.len()).sum();
     for b in batches {
-        perform(r, b);
+        perform(r, b, deliver);
     }
     n
 }
 
+/// Where a done release's keep-alive is dropped.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Deliver {
+    /// At its home ([`home`]): the background thread's releases.
+    Home,
+    /// On the calling thread, now: a flush's and a drain's, which return only once
+    /// their releases happened.
+    Here,
+}
+
 /// Does a batch taken out of the queue (with no lock held), then marks it done.
-fn perform(r: &Reaper, batch: Batch) {
+fn perform(r: &Reaper, batch: Batch, deliver: Deliver) {
     let n = batch.items.len();
     let mut released = 0;
     for (p, outcome) in batch.items {
         drop(p.event);
         match outcome {
             Outcome::Release => {
-                drop_quietly(p.keep_alive);
+                match deliver {
+                    Deliver::Home => home::give(p.home, p.keep_alive),
+                    Deliver::Here => drop_quietly(p.keep_alive),
+                }
                 released += 1;
             }
             Outcome::Leak(why) => {
@@ -421,8 +473,9 @@ fn perform(r: &Reaper, batch: Batch) {
 }
 
 /// Blocks until every release queued before the call has happened, waiting on the
-/// device (one counted host sync per stream with pending releases). For tests and
-/// shutdown; never called on a hand-off path.
+/// device (one counted host sync per stream with pending releases), and drops what
+/// waits to be given back to any thread ([`take_returns`]). For tests and shutdown;
+/// never called on a hand-off path.
 ///
 /// A stream whose work never completes makes this wait forever (use [`drain`] for a
 /// bounded wait, or [`flush_stream`] for the streams you expect to finish); it does not
@@ -477,14 +530,19 @@ fn flush_where(select: impl Fn(&StreamKey) -> bool) {
     // Wait on the device with no lock held.
     for (stream, mut batch, items) in mine {
         batch.items = settle(&stream, items);
-        perform(r, batch);
+        perform(r, batch, Deliver::Here);
     }
-    let mut q = lock(r);
-    q.waiting += 1;
-    while others.iter().any(|(k, id)| q.lanes.get(k).is_some_and(|l| l.taken.iter().any(|t| t.0 == *id))) {
-        q = r.done.wait(q).unwrap_or_else(|p| p.into_inner());
+    {
+        let mut q = lock(r);
+        q.waiting += 1;
+        while others.iter().any(|(k, id)| q.lanes.get(k).is_some_and(|l| l.taken.iter().any(|t| t.0 == *id)))
+        {
+            q = r.done.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        q.waiting -= 1;
     }
-    q.waiting -= 1;
+    // What the background thread gave back to the homes is done here too.
+    home::take_all_now();
 }
 
 /// Waits for the last of one stream's releases (events of a stream complete in
@@ -532,8 +590,13 @@ pub fn released() -> u64 {
 }
 
 mod exit;
+mod home;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use home::Home;
+pub(crate) use home::here as home_here;
+pub use home::{STALE, take_returns};
 
 use exit::atexit;
 use exit::drain_at_exit;

@@ -525,3 +525,94 @@ fn lane_keys_that_differ_in_any_part_hash_apart() {
     let hashes: std::collections::HashSet<u64> = keys.iter().map(|k| h.hash_one(k)).collect();
     assert_eq!(hashes.len(), keys.len(), "every part of a key reaches its hash");
 }
+
+/// Host memory whose drop says on which thread it happened.
+struct HomeProbe {
+    data: Vec<f32>,
+    dropped_on: Arc<Mutex<Option<ThreadId>>>,
+}
+impl Drop for HomeProbe {
+    fn drop(&mut self) {
+        *self.dropped_on.lock().unwrap() = Some(std::thread::current().id());
+    }
+}
+
+/// A host hand-off of a probe, made on the calling thread and released at once.
+fn probe_handoff() -> (crate::Handoff, Arc<Mutex<Option<ThreadId>>>) {
+    let dropped_on = Arc::new(Mutex::new(None));
+    let probe = HomeProbe { data: vec![1.0; 4], dropped_on: dropped_on.clone() };
+    let h = crate::Handoff::with_keep_alive(
+        probe,
+        |p| {
+            Ok(crate::TensorDesc::new(
+                p.data.as_ptr() as *mut _,
+                Device::Host,
+                crate::dtype::DataType::F32,
+                &[4][..],
+            ))
+        },
+        &Stream::host(),
+        crate::Ready::Elided,
+        crate::Release::Immediately,
+    )
+    .unwrap();
+    (h, dropped_on)
+}
+
+/// Drops `h` on a new thread and waits for it; returns that thread's id.
+fn drop_elsewhere(h: crate::Handoff) -> ThreadId {
+    std::thread::spawn(move || {
+        drop(h);
+        std::thread::current().id()
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn a_keep_alive_let_go_elsewhere_is_dropped_at_home() {
+    let (h, dropped_on) = probe_handoff();
+    let elsewhere = drop_elsewhere(h);
+    take_returns();
+    let on = dropped_on.lock().unwrap().expect("dropped by take_returns at the latest");
+    // Given back: dropped here, unless another test's flush or the background thread
+    // (after STALE) took it first; never where it was let go.
+    assert_ne!(on, elsewhere, "dropped on the thread that let go of it, not given back");
+    // At home, a release is dropped at once, in place.
+    let (h, dropped_on) = probe_handoff();
+    drop(h);
+    assert_eq!(*dropped_on.lock().unwrap(), Some(std::thread::current().id()));
+}
+
+#[test]
+fn what_waits_at_a_home_that_makes_no_hand_off_is_dropped_by_the_reaper() {
+    let (h, dropped_on) = probe_handoff();
+    drop_elsewhere(h);
+    // This thread makes no hand-off and takes nothing back.
+    assert!(
+        eventually(Duration::from_secs(5), || dropped_on.lock().unwrap().is_some()),
+        "dropped within its bound without the home thread"
+    );
+    assert_ne!(*dropped_on.lock().unwrap(), Some(std::thread::current().id()));
+}
+
+#[test]
+fn a_flush_drops_what_waits_at_homes() {
+    let (h, dropped_on) = probe_handoff();
+    let waiter = std::thread::spawn(move || {
+        drop_elsewhere(h);
+        // Another thread's flush: the home (the test thread) takes nothing back itself.
+        flush();
+    });
+    waiter.join().unwrap();
+    assert!(dropped_on.lock().unwrap().is_some(), "a flush returns only once it is dropped");
+}
+
+#[test]
+fn a_home_whose_thread_ended_drops_at_once() {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(probe_handoff()).unwrap()).join().unwrap();
+    let (h, dropped_on) = rx.recv().unwrap();
+    drop(h);
+    assert_eq!(*dropped_on.lock().unwrap(), Some(std::thread::current().id()), "dropped where let go");
+}

@@ -1,0 +1,209 @@
+//! Keep-alives given back on the thread that made their hand-off.
+//!
+//! A hand-off's keep-alive is often let go on another thread than the one that made
+//! it: PJRT lets go of a view on its own worker thread once the execution that read
+//! it is done, and the reaper does deferred releases on its thread. Freeing there
+//! costs the making thread too: the producer's allocator (PyTorch's caching allocator,
+//! PJRT's) then changes hands between threads at every step. So each thread that
+//! makes hand-offs has a *home*: a keep-alive let go elsewhere is posted to its
+//! home, and the home thread drops what was posted at its next release (every
+//! release calls [`take_returns`] first), in its own calls' company, as it would have
+//! dropped its own memory.
+//!
+//! Nothing is held indefinitely: what waits in a home longer than [`STALE`] (its
+//! thread released nothing since) is dropped by the reaper's thread, which polls while
+//! any home holds something; a home whose thread ended drops what is posted to it at
+//! once; a flush or a drain drops everything waiting in every home.
+
+use super::*;
+
+/// How long a keep-alive waits in its home for the home thread before the reaper's
+/// thread drops it instead (see [`take_returns`]).
+pub const STALE: Duration = Duration::from_millis(2);
+
+/// The keep-alives posted to one thread, and since when the oldest waits.
+pub(crate) struct Home {
+    posted: Mutex<Posted>,
+    /// Something was posted and not taken yet: what the home thread checks, without
+    /// the lock, at each release.
+    waiting: AtomicBool,
+}
+
+#[derive(Default)]
+struct Posted {
+    items: Vec<KeepAlive>,
+    since: Option<Instant>,
+    /// A thread owns this home (else what is posted is dropped at once).
+    open: bool,
+}
+
+/// How many homes hold something: the reaper's thread polls while any does.
+static HOMES_WAITING: AtomicUsize = AtomicUsize::new(0);
+/// How many batches taken out of homes are being dropped now: a flush that finds
+/// the homes empty waits for these, since they may be what it waits for.
+static DROPPING: AtomicUsize = AtomicUsize::new(0);
+/// Every home ever made (they are reused, never freed), for flushes and the reaper.
+static HOMES: Mutex<Vec<&'static Home>> = Mutex::new(Vec::new());
+/// Homes whose thread ended, for the next thread.
+static FREE: Mutex<Vec<&'static Home>> = Mutex::new(Vec::new());
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics under these locks (keep-alives are dropped outside them).
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The calling thread's home, taken on first use and given back when it ends.
+struct Local(&'static Home);
+
+impl Local {
+    fn acquire() -> Local {
+        let home = locked(&FREE).pop().unwrap_or_else(|| {
+            let home: &'static Home = Box::leak(Box::new(Home {
+                posted: Mutex::new(Posted::default()),
+                waiting: AtomicBool::new(false),
+            }));
+            locked(&HOMES).push(home);
+            home
+        });
+        locked(&home.posted).open = true;
+        Local(home)
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let items = {
+            let mut posted = locked(&self.0.posted);
+            posted.open = false;
+            take(self.0, &mut posted)
+        };
+        drop_taken(items);
+        locked(&FREE).push(self.0);
+    }
+}
+
+thread_local! {
+    static LOCAL: Local = Local::acquire();
+}
+
+/// The calling thread's home (`None` while the thread is being torn down).
+pub(crate) fn here() -> Option<&'static Home> {
+    LOCAL.try_with(|l| l.0).ok()
+}
+
+/// Drops `keep_alive` now when called on its home's thread (or it has no home, or the
+/// home's thread ended, or in a child made by `fork`); otherwise posts it to its home.
+pub(crate) fn give<K: Send + 'static>(home: Option<&'static Home>, keep_alive: K) {
+    let elsewhere = home.filter(|h| here().is_none_or(|mine| !std::ptr::eq(*h, mine)));
+    let Some(home) = elsewhere.filter(|_| !FORKED.load(Ordering::Relaxed)) else {
+        drop_in_place_quietly(keep_alive);
+        return;
+    };
+    let first = {
+        let mut posted = locked(&home.posted);
+        if !posted.open {
+            drop(posted);
+            drop_in_place_quietly(keep_alive);
+            return;
+        }
+        posted.items.push(Box::new(keep_alive));
+        let first = posted.since.is_none();
+        if first {
+            // Counted under the home's lock, as `take` uncounts it.
+            posted.since = Some(Instant::now());
+            home.waiting.store(true, Ordering::Release);
+            HOMES_WAITING.fetch_add(1, Ordering::SeqCst);
+        }
+        first
+    };
+    if first {
+        super::keep_polling();
+    }
+}
+
+/// Drops what was posted to the calling thread's home. Cheap when nothing was (one
+/// thread-local read and one atomic load): every release calls it first, and a thread
+/// that makes hand-offs but releases nothing itself may call it at a point of its
+/// choosing (else the reaper's thread drops what waited longer than [`STALE`]).
+///
+/// ```
+/// handoff_runtime::reaper::take_returns(); // nothing was posted here: returns at once
+/// ```
+pub fn take_returns() {
+    let Some(home) = here() else { return };
+    if !home.waiting.load(Ordering::Acquire) {
+        return;
+    }
+    let items = take(home, &mut locked(&home.posted));
+    drop_taken(items);
+}
+
+/// Takes what waits in `home` (its lock held by the caller), counted in [`DROPPING`]
+/// until [`drop_taken`] dropped it.
+fn take(home: &Home, posted: &mut Posted) -> Vec<KeepAlive> {
+    if posted.since.take().is_some() {
+        home.waiting.store(false, Ordering::Release);
+        HOMES_WAITING.fetch_sub(1, Ordering::SeqCst);
+    }
+    let items = std::mem::take(&mut posted.items);
+    if !items.is_empty() {
+        DROPPING.fetch_add(1, Ordering::SeqCst);
+    }
+    items
+}
+
+/// Drops what [`take`] took, then uncounts it.
+fn drop_taken(items: Vec<KeepAlive>) {
+    if items.is_empty() {
+        return;
+    }
+    drop_all(items);
+    DROPPING.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Drops a keep-alive where it is (no box), reporting a panic.
+fn drop_in_place_quietly<K>(keep_alive: K) {
+    if catch_unwind(AssertUnwindSafe(move || drop(keep_alive))).is_err() {
+        eprintln!("handoff: a keep-alive panicked while being released");
+    }
+}
+
+fn drop_all(items: Vec<KeepAlive>) {
+    items.into_iter().for_each(drop_quietly);
+}
+
+/// Whether any home holds something.
+pub(crate) fn any_waiting() -> bool {
+    HOMES_WAITING.load(Ordering::SeqCst) > 0
+}
+
+/// Drops, on the calling thread, what waits in any home for longer than `older`
+/// (everything with `Duration::ZERO`). Returns how many it dropped.
+pub(crate) fn take_all(older: Duration) -> usize {
+    if !any_waiting() {
+        return 0;
+    }
+    let homes = locked(&HOMES).clone();
+    let mut n = 0;
+    for home in homes {
+        let items = {
+            let mut posted = locked(&home.posted);
+            match posted.since {
+                Some(since) if since.elapsed() >= older => take(home, &mut posted),
+                _ => continue,
+            }
+        };
+        n += items.len();
+        drop_taken(items);
+    }
+    n
+}
+
+/// Drops, on the calling thread, everything that waits in any home, and returns once
+/// what other threads took out of homes before is dropped too (for flushes and drains).
+pub(crate) fn take_all_now() {
+    take_all(Duration::ZERO);
+    while DROPPING.load(Ordering::SeqCst) > 0 {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
