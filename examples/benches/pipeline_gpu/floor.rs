@@ -684,20 +684,8 @@ pub fn pipeline_ms(
         releases.borrow_mut().push(t.elapsed());
         Ok(out)
     };
-    let mut x = x0.shallow_clone();
-    for _ in 0..3 {
-        x = step(&x)?;
-    }
-    p.synchronize();
-    let mut per_iter = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        for _ in 0..iters {
-            x = step(&x)?;
-        }
-        p.synchronize();
-        per_iter.push(t.elapsed() / iters as u32);
-    }
+    // Timed as handoff's step is.
+    let ms = super::timed(p, x0, iters, reps, step)?;
     // SAFETY: events created above, no longer used (the device is idle).
     unsafe {
         sys::cuEventDestroy_v2(ev_order);
@@ -708,7 +696,7 @@ pub fn pipeline_ms(
         thread.join().map_err(|_| failed("dropping elsewhere", "the thread panicked"))?;
     }
     let release_us = model::median_us(&mut releases.borrow_mut());
-    Ok((model::median_us(&mut per_iter) / 1e3, release_us))
+    Ok((ms, release_us))
 }
 
 /// On which thread PJRT lets go of a view's keep-alive in a kernel call's pattern
