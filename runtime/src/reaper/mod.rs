@@ -225,6 +225,10 @@ fn lock(r: &Reaper) -> MutexGuard<'_, Queue> {
 /// behind an event recorded on `after` now.
 ///
 /// Adapters call this when their own memory must outlive a consumer's queued work.
+/// The calling thread is its home: once the work is done, the background thread
+/// gives it back there, and this thread drops it at its next release (or the
+/// background thread does, once it waited [`STALE`]). Every call first drops what was
+/// given back to this thread ([`take_returns`]).
 /// When the event cannot be recorded (or in a child made by `fork`), `keep_alive` is
 /// leaked on purpose and counted (`Stats::releases_leaked`); see the
 /// [module docs](self).
