@@ -105,7 +105,10 @@ pub enum Release {
     /// Immediate when the consumer stream is the producer's own or the host.
     AfterConsumer,
     /// As soon as the consumer drops: for producers whose allocator is itself
-    /// stream-ordered across streams (PyTorch's `recordStream`).
+    /// stream-ordered across streams (PyTorch's `recordStream`). Dropped on another
+    /// thread than the one that made the hand-off (PJRT lets go of a view on its
+    /// own), it goes back to that one, which drops it at its next release, within
+    /// [`reaper::STALE`](crate::reaper::STALE) otherwise.
     Immediately,
 }
 

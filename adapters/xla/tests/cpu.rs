@@ -234,9 +234,11 @@ fn on_delete_waits_for_a_running_execution() {
         let y = out.to_vec::<f32>().unwrap();
         assert!(y.iter().all(|v| v.is_finite()));
         assert!(y[0].abs() < 1e-3, "row of equal values normalizes to 0: {}", y[0]);
-        // After the execution, the callback has run (on an XLA thread).
+        // After the execution, the callback has run (on an XLA thread), and the memory
+        // went back: given back to this thread, which releases nothing here, so the
+        // reaper's thread drops it once it waited `reaper::STALE`.
         for _ in 0..1000 {
-            if watch.is_released() {
+            if watch.is_released() && released.load(Ordering::SeqCst) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));

@@ -152,12 +152,21 @@ fn take(home: &Home, posted: &mut Posted) -> Vec<KeepAlive> {
     items
 }
 
+thread_local! {
+    /// How many of [`DROPPING`]'s batches this thread is dropping (nested when a
+    /// keep-alive's drop releases more): a flush inside such a drop does not wait
+    /// for itself.
+    static MINE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Drops what [`take`] took, then uncounts it.
 fn drop_taken(items: Vec<KeepAlive>) {
     if items.is_empty() {
         return;
     }
+    let _ = MINE.try_with(|m| m.set(m.get() + 1));
     drop_all(items);
+    let _ = MINE.try_with(|m| m.set(m.get() - 1));
     DROPPING.fetch_sub(1, Ordering::SeqCst);
 }
 
@@ -203,7 +212,8 @@ pub(crate) fn take_all(older: Duration) -> usize {
 /// what other threads took out of homes before is dropped too (for flushes and drains).
 pub(crate) fn take_all_now() {
     take_all(Duration::ZERO);
-    while DROPPING.load(Ordering::SeqCst) > 0 {
+    let mine = MINE.try_with(|m| m.get()).unwrap_or(0);
+    while DROPPING.load(Ordering::SeqCst) > mine {
         std::thread::sleep(Duration::from_micros(20));
     }
 }

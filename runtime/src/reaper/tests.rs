@@ -616,3 +616,34 @@ fn a_home_whose_thread_ended_drops_at_once() {
     drop(h);
     assert_eq!(*dropped_on.lock().unwrap(), Some(std::thread::current().id()), "dropped where let go");
 }
+
+#[test]
+fn a_flush_inside_a_given_back_drop_does_not_wait_for_itself() {
+    let done = returns_within(Duration::from_secs(5), || {
+        /// Host memory whose drop flushes (as a Python producer's deleter may drain).
+        struct Flushes(Vec<f32>);
+        impl Drop for Flushes {
+            fn drop(&mut self) {
+                flush();
+            }
+        }
+        let h = crate::Handoff::with_keep_alive(
+            Flushes(vec![1.0; 4]),
+            |k| {
+                Ok(crate::TensorDesc::new(
+                    k.0.as_ptr() as *mut _,
+                    Device::Host,
+                    crate::dtype::DataType::F32,
+                    &[4][..],
+                ))
+            },
+            &Stream::host(),
+            crate::Ready::Elided,
+            crate::Release::Immediately,
+        )
+        .unwrap();
+        drop_elsewhere(h);
+        take_returns();
+    });
+    assert!(done, "a flush inside a given-back keep-alive's drop waited for itself");
+}
