@@ -111,9 +111,9 @@ fn refusal(tensor: &tch::Tensor, scalar_type: i32) -> TorchError {
     TorchError::UnsupportedDevice { device: ffi::name(&facts.device_name) }
 }
 
-/// The shim's facts of `tensor` (and what the `ffi::DESCRIBE_*` bits of `what` ask), its sizes written to the
-/// first `MAX_NDIM` values of `dims` and its strides to the others (`ndim` of each,
-/// when `ndim <= MAX_NDIM`).
+/// The shim's facts of `tensor`, with what the `ffi::DESCRIBE_*` bits of `what` ask
+/// for; its sizes written to the first `MAX_NDIM` values of `dims` and its strides to
+/// the others (`ndim` of each, when `ndim <= MAX_NDIM`).
 pub(crate) fn read_facts(
     tensor: &tch::Tensor,
     what: i32,

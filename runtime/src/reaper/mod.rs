@@ -8,9 +8,10 @@
 //! hand-off, which drops it at its next release (see [`take_returns`]; a keep-alive
 //! that waits there longer than [`STALE`] is dropped by the background thread).
 //! Keep-alives released at once on another thread than the one that made their
-//! hand-off (PJRT lets go of a view on its own thread) go back the same way. Nobody waits on the device but
-//! [`flush`], [`flush_stream`] and [`drain`], which tests and process exit use, and
-//! which count their host syncs.
+//! hand-off (PJRT lets go of a view on its own thread) go back the same way.
+//!
+//! Nobody waits on the device but [`flush`], [`flush_stream`] and [`drain`], which
+//! tests and process exit use, and which count their host syncs.
 //!
 //! # Faults: never free on error
 //!
