@@ -537,26 +537,26 @@ impl Drop for HomeProbe {
     }
 }
 
-/// A host hand-off of a probe, made on the calling thread and released at once.
-fn probe_handoff() -> (crate::Handoff, Arc<Mutex<Option<ThreadId>>>) {
-    let dropped_on = Arc::new(Mutex::new(None));
-    let probe = HomeProbe { data: vec![1.0; 4], dropped_on: dropped_on.clone() };
-    let h = crate::Handoff::with_keep_alive(
-        probe,
-        |p| {
-            Ok(crate::TensorDesc::new(
-                p.data.as_ptr() as *mut _,
-                Device::Host,
-                crate::dtype::DataType::F32,
-                &[4][..],
-            ))
+/// A host hand-off of the four floats `data(&keep_alive)` points to, made on the
+/// calling thread and released at once.
+fn host_handoff<K: Send + 'static>(keep_alive: K, data: fn(&K) -> *const f32) -> crate::Handoff {
+    crate::Handoff::with_keep_alive(
+        keep_alive,
+        |k| {
+            Ok(crate::TensorDesc::new(data(k) as *mut _, Device::Host, crate::dtype::DataType::F32, &[4][..]))
         },
         &Stream::host(),
         crate::Ready::Elided,
         crate::Release::Immediately,
     )
-    .unwrap();
-    (h, dropped_on)
+    .unwrap()
+}
+
+/// A host hand-off of a probe.
+fn probe_handoff() -> (crate::Handoff, Arc<Mutex<Option<ThreadId>>>) {
+    let dropped_on = Arc::new(Mutex::new(None));
+    let probe = HomeProbe { data: vec![1.0; 4], dropped_on: dropped_on.clone() };
+    (host_handoff(probe, |p| p.data.as_ptr()), dropped_on)
 }
 
 /// Drops `h` on a new thread and waits for it; returns that thread's id.
@@ -627,22 +627,7 @@ fn a_flush_inside_a_given_back_drop_does_not_wait_for_itself() {
                 flush();
             }
         }
-        let h = crate::Handoff::with_keep_alive(
-            Flushes(vec![1.0; 4]),
-            |k| {
-                Ok(crate::TensorDesc::new(
-                    k.0.as_ptr() as *mut _,
-                    Device::Host,
-                    crate::dtype::DataType::F32,
-                    &[4][..],
-                ))
-            },
-            &Stream::host(),
-            crate::Ready::Elided,
-            crate::Release::Immediately,
-        )
-        .unwrap();
-        drop_elsewhere(h);
+        drop_elsewhere(host_handoff(Flushes(vec![1.0; 4]), |k| k.0.as_ptr()));
         take_returns();
     });
     assert!(done, "a flush inside a given-back keep-alive's drop waited for itself");
