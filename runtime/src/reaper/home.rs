@@ -96,14 +96,14 @@ pub(crate) fn here() -> Option<&'static Home> {
 pub(crate) fn give<K: Send + 'static>(home: Option<&'static Home>, keep_alive: K) {
     let elsewhere = home.filter(|h| here().is_none_or(|mine| !std::ptr::eq(*h, mine)));
     let Some(home) = elsewhere.filter(|_| !FORKED.load(Ordering::Relaxed)) else {
-        drop_in_place_quietly(keep_alive);
+        drop_quietly(keep_alive);
         return;
     };
     let first = {
         let mut posted = locked(&home.posted);
         if !posted.open {
             drop(posted);
-            drop_in_place_quietly(keep_alive);
+            drop_quietly(keep_alive);
             return;
         }
         posted.items.push(Box::new(keep_alive));
@@ -168,13 +168,6 @@ fn drop_taken(items: Vec<KeepAlive>) {
     drop_all(items);
     let _ = MINE.try_with(|m| m.set(m.get() - 1));
     DROPPING.fetch_sub(1, Ordering::SeqCst);
-}
-
-/// Drops a keep-alive where it is (no box), reporting a panic.
-fn drop_in_place_quietly<K>(keep_alive: K) {
-    if catch_unwind(AssertUnwindSafe(move || drop(keep_alive))).is_err() {
-        eprintln!("handoff: a keep-alive panicked while being released");
-    }
 }
 
 fn drop_all(items: Vec<KeepAlive>) {

@@ -328,7 +328,9 @@ fn report_leak(why: impl FnOnce() -> String) {
     }
 }
 
-fn drop_quietly(keep_alive: KeepAlive) {
+/// Drops a keep-alive where it is (boxed or not), reporting a panic instead of
+/// unwinding.
+fn drop_quietly<K>(keep_alive: K) {
     if catch_unwind(AssertUnwindSafe(move || drop(keep_alive))).is_err() {
         eprintln!("handoff: a keep-alive panicked while being released");
     }
