@@ -408,7 +408,7 @@ fn print_floor(
     }
     println!("the kernel call composed by hand, {label}, step by step, medians of {samples} (us):");
     let (mut sum_h, mut sum_f) = (0.0, 0.0);
-    for (name, h, f) in call_steps {
+    for (name, h, f) in &call_steps.steps {
         println!("  {name:<36} {h:>9.2} {f:>9.2} {:>9.2}", h - f);
         let key = name.replace(' ', "_").to_lowercase();
         json.f(&format!("{prefix}call_step_{key}_handoff_us"), *h, 2).f(
@@ -419,6 +419,17 @@ fn print_floor(
         (sum_h, sum_f) = (sum_h + h, sum_f + f);
     }
     println!("  {:<36} {sum_h:>9.2} {sum_f:>9.2} {:>9.2}", "sum of the steps", sum_h - sum_f);
+    let (whole_h, whole_f) = call_steps.whole;
+    println!(
+        "  {:<36} {whole_h:>9.2} {whole_f:>9.2} {:>9.2}",
+        "median of each call's sum",
+        whole_h - whole_f
+    );
+    json.f(&format!("{prefix}call_whole_handoff_us"), whole_h, 2).f(
+        &format!("{prefix}call_whole_floor_us"),
+        whole_f,
+        2,
+    );
 }
 
 fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {

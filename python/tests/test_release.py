@@ -133,9 +133,13 @@ GIL_SCRIPT = textwrap.dedent(
     views = [np.from_dlpack(o)]  # NumPy's capsule, released behind simulated work
     assert sys.getrefcount(a) > refs
 
-    # The consumer is dropped on another thread: the release is queued for the reaper.
+    # The consumer is dropped on another thread: the hand-off goes back to this one,
+    # where the reaper's thread queues its release once it waited there too long.
     t = threading.Thread(target=views.pop)
     t.start(); t.join()
+    end = time.perf_counter() + 5
+    while handoff.stats()["pending"] < 1 and time.perf_counter() < end:
+        time.sleep(0.001)
     assert handoff.stats()["pending"] >= 1
 
     # The work completes: the reaper thread takes the release and calls NumPy's

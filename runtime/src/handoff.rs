@@ -4,7 +4,7 @@
 use crate::device::Device;
 use crate::dtype::DataType;
 use crate::error::{Result, ValidationError};
-use crate::managed::{self, Owner, Parts};
+use crate::managed::{self, Head, Owner, Parts};
 use crate::ordered::{Ready, StreamOrdered};
 use crate::reaper;
 use crate::stats::{self, Counter};
@@ -15,6 +15,7 @@ use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use dlpark::{Managed, ManagedTensorBase};
 use std::borrow::Cow;
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 /// How a producer describes its memory for export. Nothing is copied.
@@ -134,18 +135,23 @@ pub trait Import: Sized {
 /// `DLManagedTensorVersioned` (through dlpark) made ready on the consumer's stream.
 ///
 /// Dropping it, or calling its DLPack deleter after [`Handoff::into_raw`], gives the
-/// producer's memory back only after the consumer's queued work is done.
+/// producer's memory back only after the consumer's queued work is done. Dropped on
+/// another thread than the one that made it (PJRT lets go of a view on its own), it
+/// is given back to that one, which drops it at its next release (see
+/// [`reaper`](crate::reaper)'s homes): the hand-off's memory, like the producer's, is
+/// freed where it was allocated.
 pub struct Handoff {
-    managed: Managed<DLManagedTensorVersioned>,
+    /// Dropped by `Drop` alone, or given up by `into_raw`.
+    managed: ManuallyDrop<Managed<DLManagedTensorVersioned>>,
     device: Device,
-    /// The consumer stream, held by the tensor's context (`managed::Owner`):
-    /// valid as long as `managed` is owned here.
-    consumer: NonNull<Stream>,
+    /// The consumer stream and the home, held by the tensor's context
+    /// (`managed::Owner`): valid as long as `managed` is owned here.
+    head: NonNull<Head>,
     ready: Ready,
 }
 
-// SAFETY: `consumer` points into the managed tensor this value owns, a `Stream`
-// (`Send + Sync`) that nothing else touches before the deleter, which only an owner
+// SAFETY: `head` points into the managed tensor this value owns, whose `Stream` is
+// `Send + Sync` and which nothing else touches before the deleter, which only an owner
 // runs; the rest is the managed tensor and plain values.
 unsafe impl Send for Handoff {}
 // SAFETY: as above; `&Handoff` only reads.
@@ -194,14 +200,16 @@ impl Handoff {
             (prepared, validate::check_parts(&parts, Access::Read)?.device)
         };
         let owner = Owner {
-            consumer: consumer.clone(),
-            after_consumer: release == Release::AfterConsumer,
-            home: reaper::home_here(),
+            head: Head {
+                consumer: consumer.clone(),
+                after_consumer: release == Release::AfterConsumer,
+                home: reaper::home_here(),
+            },
             keep_alive: Some(keep_alive),
         };
-        let (managed, consumer) = prepared.finish(owner).map_err(|(e, _)| e)?;
+        let (managed, head) = prepared.finish(owner).map_err(|(e, _)| e)?;
         stats::count(Counter::Exports, 1);
-        Ok(Handoff { managed, device, consumer, ready })
+        Ok(Handoff { managed: ManuallyDrop::new(managed), device, head, ready })
     }
 
     /// Takes in a foreign `DLManagedTensorVersioned` that its producer has already
@@ -281,14 +289,12 @@ impl Handoff {
         };
         let prepared = managed::prepare::<Managed<M>>(&parts)?;
         let owner = Owner {
-            consumer: consumer.clone(),
-            after_consumer: true,
-            home: reaper::home_here(),
+            head: Head { consumer: consumer.clone(), after_consumer: true, home: reaper::home_here() },
             keep_alive: Some(foreign),
         };
-        let (managed, consumer) = prepared.finish(owner).map_err(|(e, _)| e)?;
+        let (managed, head) = prepared.finish(owner).map_err(|(e, _)| e)?;
         stats::count(Counter::Imports, 1);
-        Ok(Handoff { managed, device, consumer, ready: Ready::Elided })
+        Ok(Handoff { managed: ManuallyDrop::new(managed), device, head, ready: Ready::Elided })
     }
 
     /// Gives the hand-off to a consumer type (counted as an import).
@@ -300,7 +306,9 @@ impl Handoff {
     /// Gives up ownership as a raw DLPack pointer, for a C consumer. Its deleter
     /// performs the stream-ordered release.
     pub fn into_raw(self) -> *mut DLManagedTensorVersioned {
-        self.managed.into_raw()
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: taken once; `this` is never dropped, so `Drop` does not take it again.
+        unsafe { ManuallyDrop::take(&mut this.managed) }.into_raw()
     }
 
     /// The raw DLPack pointer, still owned by `self`.
@@ -400,14 +408,38 @@ impl Handoff {
 
     /// The stream the data was made ready on, and on which the consumer works.
     pub fn consumer_stream(&self) -> &Stream {
+        &self.head().consumer
+    }
+
+    fn head(&self) -> &Head {
         // SAFETY: the owner in the managed tensor's context holds it until the deleter
         // runs, which happens only once `self` gives the tensor up or is dropped.
-        unsafe { self.consumer.as_ref() }
+        unsafe { self.head.as_ref() }
     }
 
     /// What making the data ready took.
     pub fn ready(&self) -> Ready {
         self.ready
+    }
+}
+
+/// The managed tensor of a hand-off dropped away from home, on its way there (its
+/// deleter runs when this is dropped).
+struct Returning {
+    _tensor: Managed<DLManagedTensorVersioned>,
+}
+
+// SAFETY: as `Handoff`'s: an owned managed tensor, whose deleter any thread may run.
+unsafe impl Send for Returning {}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        let home = self.head().home;
+        // SAFETY: taken once, here; `into_raw` skips this drop.
+        let managed = unsafe { ManuallyDrop::take(&mut self.managed) };
+        // At home (or with none), the deleter runs now; elsewhere the whole tensor is
+        // given back to the thread that made it.
+        reaper::give_home(home, Returning { _tensor: managed });
     }
 }
 

@@ -13,27 +13,36 @@ use dlpark::{DlpackFlags, Managed, OpaqueContext};
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
-/// The DLPack context of a hand-off: its consumer stream, the producer's keep-alive,
-/// and whether that goes back after the consumer's queued work (else at once).
+/// What every [`Owner`] starts with, whatever its keep-alive: the hand-off's consumer
+/// stream, whether the keep-alive goes back after the consumer's queued work (else at
+/// once), and the thread that made the hand-off.
 ///
-/// The hand-off's one handle of its consumer stream lives here, first (`repr(C)`), so
-/// that [`Handoff`](crate::Handoff) reads it through the context pointer whatever `K`
-/// is: a hand-off clones its consumer stream once, not once for itself and once more
-/// for its release.
+/// The hand-off's one handle of its consumer stream lives here, so that
+/// [`Handoff`](crate::Handoff) reads it (and the home) through the context pointer
+/// whatever `K` is: a hand-off clones its consumer stream once, not once for itself
+/// and once more for its release.
 #[repr(C)]
-pub(crate) struct Owner<K: Send + 'static> {
+pub(crate) struct Head {
     pub consumer: Stream,
     pub after_consumer: bool,
-    /// The thread that made the hand-off: let go on another, the keep-alive is given
-    /// back there (see [`reaper`]'s homes).
+    /// The thread that made the hand-off: let go on another, the hand-off (and its
+    /// keep-alive) is given back there (see [`reaper`]'s homes).
     pub home: Option<&'static reaper::Home>,
+}
+
+/// The DLPack context of a hand-off: its [`Head`] first (`repr(C)`), then the
+/// producer's keep-alive.
+#[repr(C)]
+pub(crate) struct Owner<K: Send + 'static> {
+    pub head: Head,
     pub keep_alive: Option<K>,
 }
 
 impl<K: Send + 'static> Drop for Owner<K> {
     fn drop(&mut self) {
         if let Some(k) = self.keep_alive.take() {
-            reaper::release_for(self.home, self.after_consumer.then_some(&self.consumer), k);
+            let head = &self.head;
+            reaper::release_for(head.home, head.after_consumer.then_some(&head.consumer), k);
         }
     }
 }
@@ -121,16 +130,16 @@ const fn owner_words<K: Send + 'static>() -> usize {
     (size_of::<Owner<K>>() + align.saturating_sub(8)).div_ceil(8)
 }
 
-/// A finished managed tensor and its owner's consumer stream (see [`Owner`]).
-pub(crate) type Finished = (Managed<DLManagedTensorVersioned>, NonNull<Stream>);
+/// A finished managed tensor and its owner's [`Head`].
+pub(crate) type Finished = (Managed<DLManagedTensorVersioned>, NonNull<Head>);
 
 impl<K: Send + 'static> Prepared<K> {
     /// Puts `owner` in place and finishes the managed tensor, whose deleter drops the
     /// owner (so releases the keep-alive) and frees the allocation. On error (none
     /// can happen: the rank was checked) nothing is built and the keep-alive is
     /// given back, never seen by a consumer. Returns, with the tensor, the owner's
-    /// consumer stream (`Owner` is `repr(C)` with the stream first), valid until the
-    /// tensor's deleter runs.
+    /// [`Head`] (`Owner` is `repr(C)` with the head first), valid until the tensor's
+    /// deleter runs.
     pub(crate) fn finish(self, mut owner: Owner<K>) -> std::result::Result<Finished, (Error, Option<K>)> {
         let Prepared { mut allocation, ndim, data, device, dtype, byte_offset, flags, .. } = self;
         let at = allocation.extra_mut()[2 * ndim..].as_mut_ptr() as *mut u8;
@@ -163,8 +172,8 @@ impl<K: Send + 'static> Prepared<K> {
         // SAFETY: data, device and dtype describe memory the owner keeps alive until
         // the deleter runs; shape and strides are in the allocation itself.
         let managed = unsafe { init.finish() };
-        // SAFETY: `owner_at` is not null (above); `Owner` is `repr(C)` with the stream first.
-        Ok((managed, unsafe { NonNull::new_unchecked(owner_at.cast::<Stream>()) }))
+        // SAFETY: `owner_at` is not null (above); `Owner` is `repr(C)` with the head first.
+        Ok((managed, unsafe { NonNull::new_unchecked(owner_at.cast::<Head>()) }))
     }
 }
 
@@ -248,14 +257,12 @@ mod tests {
         for shape in [&[][..], &[0, 3][..], &[2, 3, 4][..]] {
             let prepared = prepare::<Wide>(&parts(shape)).unwrap();
             let owner = Owner {
-                consumer: Stream::host(),
-                after_consumer: false,
-                home: None,
+                head: Head { consumer: Stream::host(), after_consumer: false, home: None },
                 keep_alive: Some(Wide(drops.clone())),
             };
-            let (managed, consumer) = prepared.finish(owner).unwrap_or_else(|_| panic!("finish {shape:?}"));
+            let (managed, head) = prepared.finish(owner).unwrap_or_else(|_| panic!("finish {shape:?}"));
             // SAFETY: valid until the deleter runs (below).
-            assert!(unsafe { consumer.as_ref() }.is_host());
+            assert!(unsafe { head.as_ref() }.consumer.is_host());
             // SAFETY: owned and just built.
             let t = unsafe { managed.tensor() };
             assert_eq!(t.ndim as usize, shape.len());

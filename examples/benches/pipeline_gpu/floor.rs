@@ -252,6 +252,9 @@ pub fn measure<'p>(
     };
     let mut call_steps: [[Vec<Duration>; CALL_STEPS]; 2] =
         std::array::from_fn(|_| std::array::from_fn(|_| Vec::with_capacity(samples)));
+    // Each composed call's own sum of its steps: the median of a sum is what a call
+    // costs; the sum of the steps' medians leaves out how their slow samples add up.
+    let mut call_sums: [Vec<Duration>; 2] = std::array::from_fn(|_| Vec::with_capacity(samples));
     let handoff_exec = || -> Result<Duration, PipelineError> { Ok(timed_once(|| exe.execute(&[&hx]))?) };
     let floor_exec =
         || -> Result<Duration, PipelineError> { Ok(timed_once(|| xla_floor::execute(exe, &[&view_kept]))?) };
@@ -293,10 +296,11 @@ pub fn measure<'p>(
         exec.push(e);
         exec_f.push(ef);
         let (cs, csf) = in_turns(handoff_first, &handoff_call_steps, &floor_call_steps)?;
-        for (side, steps) in call_steps.iter_mut().zip([cs, csf]) {
+        for ((side, sums), steps) in call_steps.iter_mut().zip(&mut call_sums).zip([cs, csf]) {
             for (v, d) in side.iter_mut().zip(steps) {
                 v.push(d);
             }
+            sums.push(steps.iter().sum());
         }
         // Keep PJRT's queue of executions short, so that no call waits for room in it.
         if i % 8 == 7 {
@@ -332,11 +336,15 @@ pub fn measure<'p>(
         row("execute", "execute alone", exec, exec_f),
     ];
     let [handoff_steps, floor_steps] = &mut call_steps;
-    let call_steps = CALL_STEP_NAMES
-        .into_iter()
-        .zip(handoff_steps.iter_mut().zip(floor_steps.iter_mut()))
-        .map(|(name, (h, f))| (name, m(h), m(f)))
-        .collect();
+    let [handoff_sums, floor_sums] = &mut call_sums;
+    let call_steps = CallSteps {
+        steps: CALL_STEP_NAMES
+            .into_iter()
+            .zip(handoff_steps.iter_mut().zip(floor_steps.iter_mut()))
+            .map(|(name, (h, f))| (name, m(h), m(f)))
+            .collect(),
+        whole: (m(handoff_sums), m(floor_sums)),
+    };
     Ok((rows, steps, call_steps))
 }
 
@@ -345,8 +353,13 @@ const CALL_STEPS: usize = 6;
 const CALL_STEP_NAMES: [&str; CALL_STEPS] =
     ["torch export", "XLA view", "execute", "drop the view", "XLA export of the output", "torch import"];
 
-/// Each step of the composed kernel call: name, handoff's median and the floor's, µs.
-pub type CallSteps = Vec<(&'static str, f64, f64)>;
+/// The composed kernel call, handoff's and the floor's, µs.
+pub struct CallSteps {
+    /// Each step: name, handoff's median and the floor's.
+    pub steps: Vec<(&'static str, f64, f64)>,
+    /// The median of each call's sum of its steps, handoff's and the floor's.
+    pub whole: (f64, f64),
+}
 
 fn torch_stream_raw(s: &handoff::Stream) -> u64 {
     handoff::cuda::raw_stream(s).map_or(0, |(_, raw)| raw)
@@ -360,11 +373,25 @@ pub struct ExportSteps<'a> {
     dtype: handoff::dtype::DataType,
     shape: Vec<i64>,
     strides: Vec<i64>,
-    d: [Vec<Duration>; 7],
+    /// The bench's own event, for the raw pair timed beside `order`.
+    event: sys::CUevent,
+    d: [Vec<Duration>; 9],
+}
+
+impl Drop for ExportSteps<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, used by no one else; CUDA frees it once its last
+        // record completes.
+        unsafe { sys::cuEventDestroy_v2(self.event) };
+    }
 }
 
 impl<'a> ExportSteps<'a> {
-    const NAMES: [&'static str; 7] = [
+    /// The export's steps in the order taken, then (not part of the export, outside
+    /// its sum) the raw record + wait pair on the same two streams and a bare
+    /// `cuCtxGetCurrent`, timed right after `order` in the same company: what
+    /// `order` costs beyond the driver calls it cannot avoid.
+    const NAMES: [&'static str; 9] = [
         "shallow clone",
         "describe",
         "current stream",
@@ -372,6 +399,8 @@ impl<'a> ExportSteps<'a> {
         "recordStream",
         "DLPack hand-off",
         "release",
+        "raw pair beside order",
+        "cuCtxGetCurrent beside order",
     ];
 
     /// For tensors of `h`'s layout, handed to `p`'s kernel's ready stream.
@@ -382,17 +411,31 @@ impl<'a> ExportSteps<'a> {
         let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
         drop(probe);
         let d = std::array::from_fn(|_| Vec::with_capacity(samples));
-        Ok(ExportSteps { ready, ready_raw, dtype, shape, strides, d })
+        Ok(ExportSteps { ready, ready_raw, dtype, shape, strides, event: event()?, d })
     }
 
     /// Exports `h` once, step by step, and releases it.
     pub fn once(&mut self, h: &Tensor) -> Result<(), PipelineError> {
         use handoff::{Device, Handoff, Ready, Release, TensorDesc};
-        let [clone, describe, stream, order, record, wrap, release] = &mut self.d;
+        let [clone, describe, stream, order, record, wrap, release, pair, ctx] = &mut self.d;
         let c = timed(clone, || h.shallow_clone());
         timed(describe, || handoff_torch::check(&c)).map_err(shim)?;
         let torch_stream = timed(stream, || handoff_torch::current_stream(Device::Cuda(0)))?;
         timed(order, || handoff::order(torch_stream.as_ref(), self.ready))?;
+        let torch_raw = torch_stream.as_ref().map_or(0, torch_stream_raw);
+        timed(pair, || {
+            // SAFETY: a live event and two streams of the primary context.
+            unsafe {
+                sys::cuEventRecord(self.event, torch_raw as usize as sys::CUstream);
+                sys::cuStreamWaitEvent(self.ready_raw as usize as sys::CUstream, self.event, 0);
+            }
+        });
+        timed(ctx, || {
+            let mut current: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: a valid out pointer.
+            unsafe { sys::cuCtxGetCurrent(&mut current) };
+            std::hint::black_box(current);
+        });
         timed(record, || torch_floor::record_stream(&c, 0, self.ready_raw)).map_err(shim)?;
         let ptr = torch_floor::describe(&c).map_err(shim)?;
         let (dtype, shape, strides) = (self.dtype, &self.shape, &self.strides);

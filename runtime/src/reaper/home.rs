@@ -1,14 +1,15 @@
-//! Keep-alives given back on the thread that made their hand-off.
+//! Hand-offs and keep-alives given back on the thread that made the hand-off.
 //!
-//! A hand-off's keep-alive is often let go on another thread than the one that made
-//! it: PJRT lets go of a view on its own worker thread once the execution that read
-//! it is done, and the reaper does deferred releases on its thread. Freeing there
-//! costs the making thread too: the producer's allocator (PyTorch's caching allocator,
-//! PJRT's) then changes hands between threads at every step. So each thread that
-//! makes hand-offs has a *home*: a keep-alive let go elsewhere is posted to its
-//! home, and the home thread drops what was posted at its next release (every
-//! release calls [`take_returns`] first), in its own calls' company, as it would have
-//! dropped its own memory.
+//! A hand-off is often let go on another thread than the one that made it: PJRT
+//! lets go of a view on its own worker thread once the execution that read it is
+//! done, and the reaper does deferred releases on its thread. Freeing there costs
+//! the making thread too: the producer's allocator (PyTorch's caching allocator,
+//! PJRT's, the process's `malloc` for the DLPack tensor itself) then changes hands
+//! between threads at every step. So each thread that makes hand-offs has a *home*:
+//! a hand-off dropped elsewhere, or a keep-alive whose deferred release is done, is
+//! posted to its home, and the home thread drops what was posted at its next release
+//! (every release calls [`take_returns`] first), in its own calls' company, as it
+//! would have dropped its own memory.
 //!
 //! Nothing is held indefinitely: what waits in a home longer than [`STALE`] (its
 //! thread released nothing since) is dropped by the reaper's thread, which polls while
@@ -92,9 +93,12 @@ pub(crate) fn here() -> Option<&'static Home> {
 }
 
 /// Drops `keep_alive` now when called on its home's thread (or it has no home, or the
-/// home's thread ended, or in a child made by `fork`); otherwise posts it to its home.
+/// home's thread ended, or in a child made by `fork`, or while this thread drops what it
+/// took out of homes: what it drops on a home thread's behalf is dropped all the way);
+/// otherwise posts it to its home.
 pub(crate) fn give<K: Send + 'static>(home: Option<&'static Home>, keep_alive: K) {
     let elsewhere = home.filter(|h| here().is_none_or(|mine| !std::ptr::eq(*h, mine)));
+    let elsewhere = elsewhere.filter(|_| MINE.try_with(|m| m.get() == 0).unwrap_or(false));
     let Some(home) = elsewhere.filter(|_| !FORKED.load(Ordering::Relaxed)) else {
         drop_quietly(keep_alive);
         return;

@@ -7,8 +7,10 @@
 //! stream per sweep) and gives what is done back to the thread that made the
 //! hand-off, which drops it at its next release (see [`take_returns`]; a keep-alive
 //! that waits there longer than [`STALE`] is dropped by the background thread).
-//! Keep-alives released at once on another thread than the one that made their
-//! hand-off (PJRT lets go of a view on its own thread) go back the same way.
+//! A hand-off dropped on another thread than the one that made it (PJRT lets go of a
+//! view on its own thread) goes back the same way, whole: its DLPack tensor, its
+//! context and its keep-alive are all freed on the thread that allocated them, and
+//! its release (recorded or immediate) starts there.
 //!
 //! Nobody waits on the device but [`flush`], [`flush_stream`] and [`drain`], which
 //! tests and process exit use, and which count their host syncs.
@@ -514,6 +516,9 @@ fn stream_key(stream: &Stream) -> StreamKey {
 
 fn flush_where(select: impl Fn(&StreamKey) -> bool) {
     let Some(r) = live() else { return };
+    // Hand-offs let go on other threads wait at their homes: dropped now, they queue
+    // their releases, which this flush then does.
+    home::take_all_now();
     // Take what is queued for the selected streams, and note the batches others
     // (the background thread, another flush, a drain) took before this call.
     let (mine, others) = {
@@ -602,6 +607,7 @@ mod home;
 mod tests;
 
 pub(crate) use home::Home;
+pub(crate) use home::give as give_home;
 pub(crate) use home::here as home_here;
 pub use home::{STALE, take_returns};
 

@@ -585,6 +585,23 @@ fn a_keep_alive_let_go_elsewhere_is_dropped_at_home() {
 }
 
 #[test]
+fn a_hand_off_let_go_elsewhere_goes_home_whole() {
+    let (h, dropped_on) = probe_handoff();
+    // Its release starts where its owner is dropped: counted on that thread.
+    let immediate = || crate::stats::of_this_thread(Counter::ReleasesImmediate as usize);
+    let released_there = std::thread::spawn(move || {
+        let before = immediate();
+        drop(h);
+        immediate() - before
+    })
+    .join()
+    .unwrap();
+    assert_eq!(released_there, 0, "the hand-off's own tensor was freed where it was let go");
+    take_returns();
+    assert!(eventually(Duration::from_secs(5), || dropped_on.lock().unwrap().is_some()));
+}
+
+#[test]
 fn what_waits_at_a_home_that_makes_no_hand_off_is_dropped_by_the_reaper() {
     let (h, dropped_on) = probe_handoff();
     drop_elsewhere(h);
