@@ -61,8 +61,8 @@ pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<tch::Ten
     Ok(tensor)
 }
 
-/// What the import's storage owns: the hand-off, released after `release` when the
-/// storage dies.
+/// What the import's storage owns: the hand-off, released when the storage dies,
+/// after the work on `release` (PyTorch's stream) and on its own consumer stream.
 struct ImportOwner {
     handoff: Handoff,
     release: Option<Stream>,
@@ -75,7 +75,15 @@ unsafe extern "C" fn release_import(ctx: *mut c_void) {
         // DataPtr (or to this function once on failure).
         let owner = unsafe { Box::from_raw(ctx as *mut ImportOwner) };
         let ImportOwner { handoff, release } = *owner;
-        reaper::release_after(release.as_ref(), handoff);
+        match release {
+            // PyTorch worked on another stream than the hand-off's consumer stream:
+            // the hand-off goes only once that work is done too.
+            Some(s) if &s != handoff.consumer_stream() => reaper::release_after(Some(&s), handoff),
+            // PyTorch worked on the consumer stream (or on the host): the hand-off
+            // itself releases after that stream's work, so a second wait would only
+            // record another event.
+            _ => drop(handoff),
+        }
     }));
 }
 

@@ -119,7 +119,7 @@ pub fn measure<'p>(
     let mut steps = ExportSteps::new(p, h, samples)?;
     p.synchronize();
 
-    let mut d: [Vec<Duration>; 18] = std::array::from_fn(|_| Vec::with_capacity(samples));
+    let mut d: [Vec<Duration>; 20] = std::array::from_fn(|_| Vec::with_capacity(samples));
     let [
         to_xla_export,
         to_xla_export_f,
@@ -137,6 +137,8 @@ pub fn measure<'p>(
         release_f,
         call,
         call_f,
+        composed,
+        composed_f,
         exec,
         exec_f,
     ] = &mut d;
@@ -199,6 +201,16 @@ pub fn measure<'p>(
         Ok([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4])
     };
     let handoff_call = || timed_once(|| p.kernel(h));
+    // The same calls composed by hand from the public pieces, in one timed region:
+    // what the kernel call's own plumbing costs beside them.
+    let handoff_composed = || {
+        timed_once(|| -> Result<Tensor, PipelineError> {
+            let view = client.import(handoff_torch::export(h, ready)?)?;
+            let mut outs = exe.execute(&[&view])?;
+            drop(view);
+            Ok(handoff_torch::import(outs.remove(0).export(&torch_stream)?)?)
+        })
+    };
     let floor_call = || -> Result<Duration, PipelineError> {
         let t0 = Instant::now();
         let v = bare_view(bare_torch_export()?)?;
@@ -292,6 +304,9 @@ pub fn measure<'p>(
         let (c, cf) = in_turns(handoff_first, &handoff_call, &floor_call)?;
         call.push(c);
         call_f.push(cf);
+        let (c, cf) = in_turns(handoff_first, &handoff_composed, &floor_call)?;
+        composed.push(c);
+        composed_f.push(cf);
         let (e, ef) = in_turns(handoff_first, &handoff_exec, &floor_exec)?;
         exec.push(e);
         exec_f.push(ef);
@@ -333,6 +348,7 @@ pub fn measure<'p>(
         row("xla_to_torch", "hand-off XLA -> torch", to_torch, to_torch_f),
         row("release_both", "releasing both", release, release_f),
         row("kernel_call", "kernel call (hand-offs + execute)", call, call_f),
+        row("kernel_call_composed", "  the same calls composed by hand", composed, composed_f),
         row("execute", "execute alone", exec, exec_f),
     ];
     let [handoff_steps, floor_steps] = &mut call_steps;
