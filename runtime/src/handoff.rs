@@ -421,6 +421,20 @@ impl Handoff {
     pub fn ready(&self) -> Ready {
         self.ready
     }
+
+    /// When the hand-off gives the producer's keep-alive back once dropped: after the
+    /// work queued on its consumer stream ([`Release::AfterConsumer`]), or at once.
+    ///
+    /// ```
+    /// use handoff_runtime::{Export, Release, Stream, mock::Mock};
+    /// let mock = Mock::new();
+    /// let (a, b) = (mock.stream(0, "a"), mock.stream(0, "b"));
+    /// let h = mock.tensor_f32(&a, "x", &[2], &[1.0, 2.0]).export(&b).unwrap();
+    /// assert_eq!(h.release(), Release::AfterConsumer);
+    /// ```
+    pub fn release(&self) -> Release {
+        if self.head().after_consumer { Release::AfterConsumer } else { Release::Immediately }
+    }
 }
 
 /// The managed tensor of a hand-off dropped away from home, on its way there (its

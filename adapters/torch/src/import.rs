@@ -3,7 +3,7 @@
 
 use crate::error::TorchError;
 use crate::{current_stream, dtype, ffi, init};
-use handoff_runtime::{Device, Handoff, Ready, Result, Stream, order, reaper};
+use handoff_runtime::{Device, Handoff, Ready, Release, Result, Stream, order, reaper};
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -62,7 +62,7 @@ pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<tch::Ten
 }
 
 /// What the import's storage owns: the hand-off, released when the storage dies,
-/// after the work on `release` (PyTorch's stream) and on its own consumer stream.
+/// once the work queued on `release` (PyTorch's stream) is done.
 struct ImportOwner {
     handoff: Handoff,
     release: Option<Stream>,
@@ -76,13 +76,15 @@ unsafe extern "C" fn release_import(ctx: *mut c_void) {
         let owner = unsafe { Box::from_raw(ctx as *mut ImportOwner) };
         let ImportOwner { handoff, release } = *owner;
         match release {
-            // PyTorch worked on another stream than the hand-off's consumer stream:
-            // the hand-off goes only once that work is done too.
-            Some(s) if &s != handoff.consumer_stream() => reaper::release_after(Some(&s), handoff),
-            // PyTorch worked on the consumer stream (or on the host): the hand-off
-            // itself releases after that stream's work, so a second wait would only
-            // record another event.
-            _ => drop(handoff),
+            // PyTorch worked on the hand-off's consumer stream, and the hand-off itself
+            // releases after that stream's work: a second wait would only record
+            // another event behind the same stream.
+            Some(s) if &s == handoff.consumer_stream() && handoff.release() == Release::AfterConsumer => {
+                drop(handoff)
+            }
+            // Otherwise the hand-off goes once PyTorch's work is done, whatever the
+            // producer asked for.
+            s => reaper::release_after(s.as_ref(), handoff),
         }
     }));
 }

@@ -42,6 +42,7 @@ fn gpu_side_stream_same_stream_is_elided() {
 
 #[test]
 fn gpu_an_import_on_the_consumer_stream_waits_once() {
+    use handoff_runtime::{Handoff, Release, TensorDesc, dtype::DataType, stats};
     let Some(_gpu) = gpu_common::gpu() else { return };
     let torch = handoff_torch::current_stream(handoff_runtime::Device::Cuda(0)).unwrap().unwrap();
     let (producer, producer_raw) = gpu_common::side_stream();
@@ -49,14 +50,26 @@ fn gpu_an_import_on_the_consumer_stream_waits_once() {
         let _on_producer = cuda::use_raw_stream(0, producer_raw).unwrap();
         tch::Tensor::ones([1024], gpu_common::F32_CUDA)
     };
-    // Made ready on PyTorch's stream, where the import works: PyTorch's caching
-    // allocator was told of that stream (`recordStream`), so the hand-off goes at
-    // once when the view dies, with no event of its own: the import adds no second
-    // wait behind the same stream.
-    let y = handoff_torch::import(handoff_torch::export_from(&x, &producer, &torch).unwrap()).unwrap();
+    let expected = &x * 2.0;
+    // A hand-off that releases after its consumer's work (as XLA's outputs do), made
+    // ready on PyTorch's stream, where the import works.
+    let ready = handoff_runtime::order(Some(&producer), &torch).unwrap();
+    let h = Handoff::with_keep_alive(
+        x,
+        |x| Ok(TensorDesc::new(x.data_ptr(), handoff_runtime::Device::Cuda(0), DataType::F32, x.size())),
+        &torch,
+        ready,
+        Release::AfterConsumer,
+    )
+    .unwrap();
+    let y = handoff_torch::import(h).unwrap();
     let out = &y * 2.0;
-    let (_, d) = handoff_runtime::stats::measure(|| drop(y));
-    assert_eq!((d.releases_deferred, d.releases_immediate, d.events_recorded), (0, 1, 0), "{d}");
-    gpu_common::sync();
-    assert!(out.equal(&(&x * 2.0)));
+    // Its release waits behind PyTorch's stream once: the import adds no second event
+    // behind the same stream.
+    let (_, d) = stats::measure(|| {
+        drop(y);
+        handoff_runtime::reaper::flush();
+    });
+    assert_eq!((d.releases_deferred, d.events_recorded), (1, 1), "{d}");
+    assert!(out.equal(&expected));
 }

@@ -299,14 +299,25 @@ pub fn measure<'p>(
         ] {
             v.push(d);
         }
-        // The whole kernel call and its floor, then the execution alone and its
-        // floor, in the same turns.
-        let (c, cf) = in_turns(handoff_first, &handoff_call, &floor_call)?;
-        call.push(c);
-        call_f.push(cf);
-        let (c, cf) = in_turns(handoff_first, &handoff_composed, &floor_call)?;
-        composed.push(c);
-        composed_f.push(cf);
+        // The whole kernel call and the same calls composed by hand, each beside the
+        // floor's call, in the same turns, and each first on alternate pairs of
+        // samples (what runs just before a call changes what it costs); then the
+        // execution alone and its floor.
+        let calls = [
+            (&handoff_call as &dyn Fn() -> Result<Duration, PipelineError>, &mut *call, &mut *call_f),
+            (&handoff_composed, &mut *composed, &mut *composed_f),
+        ];
+        let [first, second] = if i % 4 < 2 {
+            calls
+        } else {
+            let [a, b] = calls;
+            [b, a]
+        };
+        for (handoff_side, v, vf) in [first, second] {
+            let (c, cf) = in_turns(handoff_first, handoff_side, &floor_call)?;
+            v.push(c);
+            vf.push(cf);
+        }
         let (e, ef) = in_turns(handoff_first, &handoff_exec, &floor_exec)?;
         exec.push(e);
         exec_f.push(ef);
