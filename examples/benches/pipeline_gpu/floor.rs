@@ -119,7 +119,7 @@ pub fn measure<'p>(
     let mut steps = ExportSteps::new(p, h, samples)?;
     p.synchronize();
 
-    let mut d: [Vec<Duration>; 20] = std::array::from_fn(|_| Vec::with_capacity(samples));
+    let mut d: [Vec<Duration>; 22] = std::array::from_fn(|_| Vec::with_capacity(samples));
     let [
         to_xla_export,
         to_xla_export_f,
@@ -139,6 +139,8 @@ pub fn measure<'p>(
         call_f,
         composed,
         composed_f,
+        half,
+        half_f,
         exec,
         exec_f,
     ] = &mut d;
@@ -209,6 +211,14 @@ pub fn measure<'p>(
             let mut outs = exe.execute(&[&view])?;
             drop(view);
             Ok(handoff_torch::import(outs.remove(0).export(&torch_stream)?)?)
+        })
+    };
+    // The kernel call up to its output buffer, then that buffer handed to PyTorch by
+    // hand: which half of the call its plumbing costs in.
+    let handoff_half = || {
+        timed_once(|| -> Result<Tensor, PipelineError> {
+            let out: handoff_xla::Buffer = kernel.call1(h)?;
+            Ok(handoff_torch::import(out.export(&torch_stream)?)?)
         })
     };
     let floor_call = || -> Result<Duration, PipelineError> {
@@ -299,21 +309,17 @@ pub fn measure<'p>(
         ] {
             v.push(d);
         }
-        // The whole kernel call and the same calls composed by hand, each beside the
-        // floor's call, in the same turns, and each first on alternate pairs of
-        // samples (what runs just before a call changes what it costs); then the
+        // The whole kernel call and the same calls composed by hand (two ways), each
+        // beside the floor's call, in the same turns, in an order that rotates every
+        // two samples (what runs just before a call changes what it costs); then the
         // execution alone and its floor.
-        let calls = [
+        let mut calls = [
             (&handoff_call as &dyn Fn() -> Result<Duration, PipelineError>, &mut *call, &mut *call_f),
             (&handoff_composed, &mut *composed, &mut *composed_f),
+            (&handoff_half, &mut *half, &mut *half_f),
         ];
-        let [first, second] = if i % 4 < 2 {
-            calls
-        } else {
-            let [a, b] = calls;
-            [b, a]
-        };
-        for (handoff_side, v, vf) in [first, second] {
+        calls.rotate_left((i / 2) % 3);
+        for (handoff_side, v, vf) in calls {
             let (c, cf) = in_turns(handoff_first, handoff_side, &floor_call)?;
             v.push(c);
             vf.push(cf);
@@ -360,6 +366,7 @@ pub fn measure<'p>(
         row("release_both", "releasing both", release, release_f),
         row("kernel_call", "kernel call (hand-offs + execute)", call, call_f),
         row("kernel_call_composed", "  the same calls composed by hand", composed, composed_f),
+        row("kernel_call_to_buffer", "  the call to a buffer, then to torch", half, half_f),
         row("execute", "execute alone", exec, exec_f),
     ];
     let [handoff_steps, floor_steps] = &mut call_steps;
