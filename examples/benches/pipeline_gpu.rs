@@ -399,12 +399,20 @@ fn print_floor(
     json: &mut Json,
 ) {
     println!("host cost against the floor, {label}, medians of {samples} (us):");
-    println!("  {:<36} {:>9} {:>9} {:>9}", "path", "handoff", "floor", "share");
+    println!("  {:<36} {:>9} {:>9} {:>9} {:>9}", "path", "handoff", "floor", "share", "paired");
     for r in rows {
-        println!("  {:<36} {:>9.2} {:>9.2} {:>9.2}", r.name, r.handoff, r.floor, r.handoff - r.floor);
+        println!(
+            "  {:<36} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            r.name,
+            r.handoff,
+            r.floor,
+            r.handoff - r.floor,
+            r.paired
+        );
         json.f(&format!("{prefix}{}_handoff_us", r.key), r.handoff, 2)
             .f(&format!("{prefix}{}_floor_us", r.key), r.floor, 2)
-            .f(&format!("{prefix}{}_share_us", r.key), r.handoff - r.floor, 2);
+            .f(&format!("{prefix}{}_share_us", r.key), r.handoff - r.floor, 2)
+            .f(&format!("{prefix}{}_paired_share_us", r.key), r.paired, 2);
     }
     println!("the kernel call composed by hand, {label}, step by step, medians of {samples} (us):");
     let (mut sum_h, mut sum_f) = (0.0, 0.0);
@@ -419,17 +427,15 @@ fn print_floor(
         (sum_h, sum_f) = (sum_h + h, sum_f + f);
     }
     println!("  {:<36} {sum_h:>9.2} {sum_f:>9.2} {:>9.2}", "sum of the steps", sum_h - sum_f);
-    let (whole_h, whole_f) = call_steps.whole;
+    let ((whole_h, whole_f), paired) = (call_steps.whole, call_steps.paired);
     println!(
-        "  {:<36} {whole_h:>9.2} {whole_f:>9.2} {:>9.2}",
+        "  {:<36} {whole_h:>9.2} {whole_f:>9.2} {:>9.2} {paired:>9.2} (paired)",
         "median of each call's sum",
         whole_h - whole_f
     );
-    json.f(&format!("{prefix}call_whole_handoff_us"), whole_h, 2).f(
-        &format!("{prefix}call_whole_floor_us"),
-        whole_f,
-        2,
-    );
+    json.f(&format!("{prefix}call_whole_handoff_us"), whole_h, 2)
+        .f(&format!("{prefix}call_whole_floor_us"), whole_f, 2)
+        .f(&format!("{prefix}call_whole_paired_share_us"), paired, 2);
 }
 
 fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {

@@ -27,7 +27,7 @@ pub(crate) struct Head {
     pub after_consumer: bool,
     /// The thread that made the hand-off: let go on another, the hand-off (and its
     /// keep-alive) is given back there (see [`reaper`]'s homes).
-    pub home: Option<&'static reaper::Home>,
+    pub home: Option<reaper::Home>,
 }
 
 /// The DLPack context of a hand-off: its [`Head`] first (`repr(C)`), then the

@@ -31,6 +31,22 @@ pub struct Row {
     pub name: &'static str,
     pub handoff: f64,
     pub floor: f64,
+    /// The median of each sample's own difference (handoff's half minus the floor's,
+    /// timed back to back in the same turn): the share with the noise both halves
+    /// see in common (an execution's ±2 µs) taken out.
+    pub paired: f64,
+}
+
+/// The median of `a[i] - b[i]`, µs, over samples timed in the same turns.
+fn paired_median_us(a: &[Duration], b: &[Duration]) -> f64 {
+    let mut d: Vec<f64> =
+        a.iter().zip(b).map(|(a, b)| a.as_secs_f64() * 1e6 - b.as_secs_f64() * 1e6).collect();
+    if d.is_empty() {
+        return f64::NAN;
+    }
+    d.sort_by(f64::total_cmp);
+    let mid = d.len() / 2;
+    if d.len().is_multiple_of(2) { (d[mid - 1] + d[mid]) / 2.0 } else { d[mid] }
 }
 
 /// A shim call's refusal, as the adapter reports it (the message names the call).
@@ -350,11 +366,10 @@ pub fn measure<'p>(
         sys::cuEventDestroy_v2(ev_release);
     }
     let m = |v: &mut Vec<Duration>| model::median_us(v);
-    let row = |key, name, handoff: &mut Vec<Duration>, floor: &mut Vec<Duration>| Row {
-        key,
-        name,
-        handoff: m(handoff),
-        floor: m(floor),
+    let row = |key, name, handoff: &mut Vec<Duration>, floor: &mut Vec<Duration>| {
+        // Paired first: the medians sort the samples.
+        let paired = paired_median_us(handoff, floor);
+        Row { key, name, handoff: m(handoff), floor: m(floor), paired }
     };
     let rows = vec![
         row("torch_export", "torch -> XLA: torch export", to_xla_export, to_xla_export_f),
@@ -371,6 +386,7 @@ pub fn measure<'p>(
     ];
     let [handoff_steps, floor_steps] = &mut call_steps;
     let [handoff_sums, floor_sums] = &mut call_sums;
+    let paired = paired_median_us(handoff_sums, floor_sums);
     let call_steps = CallSteps {
         steps: CALL_STEP_NAMES
             .into_iter()
@@ -378,6 +394,7 @@ pub fn measure<'p>(
             .map(|(name, (h, f))| (name, m(h), m(f)))
             .collect(),
         whole: (m(handoff_sums), m(floor_sums)),
+        paired,
     };
     Ok((rows, steps, call_steps))
 }
@@ -393,6 +410,8 @@ pub struct CallSteps {
     pub steps: Vec<(&'static str, f64, f64)>,
     /// The median of each call's sum of its steps, handoff's and the floor's.
     pub whole: (f64, f64),
+    /// The median of each call's own difference (handoff's sum minus the floor's).
+    pub paired: f64,
 }
 
 fn torch_stream_raw(s: &handoff::Stream) -> u64 {

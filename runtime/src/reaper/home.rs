@@ -22,8 +22,23 @@ use super::*;
 /// thread drops it instead (see [`take_returns`]).
 pub const STALE: Duration = Duration::from_millis(2);
 
-/// The keep-alives posted to one thread, and since when the oldest waits.
+/// A thread's home, as hand-offs name it: the slot it lives in, and which of the
+/// slot's owners it is (slots are reused by later threads; what is given to the home
+/// of a thread that ended is dropped at once, never posted to the slot's next owner).
+#[derive(Clone, Copy)]
 pub(crate) struct Home {
+    slot: &'static Slot,
+    generation: u64,
+}
+
+impl PartialEq for Home {
+    fn eq(&self, other: &Home) -> bool {
+        std::ptr::eq(self.slot, other.slot) && self.generation == other.generation
+    }
+}
+
+/// The keep-alives posted to one thread, and since when the oldest waits.
+struct Slot {
     posted: Mutex<Posted>,
     /// Something was posted and not taken yet: what the home thread checks, without
     /// the lock, at each release.
@@ -34,8 +49,10 @@ pub(crate) struct Home {
 struct Posted {
     items: Vec<KeepAlive>,
     since: Option<Instant>,
-    /// A thread owns this home (else what is posted is dropped at once).
+    /// A thread owns this slot (else what is posted is dropped at once).
     open: bool,
+    /// Which owner: counts the threads that took the slot.
+    generation: u64,
 }
 
 /// How many homes hold something: the reaper's thread polls while any does.
@@ -43,10 +60,10 @@ static HOMES_WAITING: AtomicUsize = AtomicUsize::new(0);
 /// How many batches taken out of homes are being dropped now: a flush that finds
 /// the homes empty waits for these, since they may be what it waits for.
 static DROPPING: AtomicUsize = AtomicUsize::new(0);
-/// Every home ever made (they are reused, never freed), for flushes and the reaper.
-static HOMES: Mutex<Vec<&'static Home>> = Mutex::new(Vec::new());
-/// Homes whose thread ended, for the next thread.
-static FREE: Mutex<Vec<&'static Home>> = Mutex::new(Vec::new());
+/// Every slot ever made (they are reused, never freed), for flushes and the reaper.
+static HOMES: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
+/// Slots whose thread ended, for the next thread.
+static FREE: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics under these locks (keep-alives are dropped outside them).
@@ -54,32 +71,35 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The calling thread's home, taken on first use and given back when it ends.
-struct Local(&'static Home);
+struct Local(Home);
 
 impl Local {
     fn acquire() -> Local {
-        let home = locked(&FREE).pop().unwrap_or_else(|| {
-            let home: &'static Home = Box::leak(Box::new(Home {
+        let slot = locked(&FREE).pop().unwrap_or_else(|| {
+            let slot: &'static Slot = Box::leak(Box::new(Slot {
                 posted: Mutex::new(Posted::default()),
                 waiting: AtomicBool::new(false),
             }));
-            locked(&HOMES).push(home);
-            home
+            locked(&HOMES).push(slot);
+            slot
         });
-        locked(&home.posted).open = true;
-        Local(home)
+        let mut posted = locked(&slot.posted);
+        posted.open = true;
+        posted.generation += 1;
+        Local(Home { slot, generation: posted.generation })
     }
 }
 
 impl Drop for Local {
     fn drop(&mut self) {
+        let slot = self.0.slot;
         let items = {
-            let mut posted = locked(&self.0.posted);
+            let mut posted = locked(&slot.posted);
             posted.open = false;
-            take(self.0, &mut posted)
+            take(slot, &mut posted)
         };
         drop_taken(items);
-        locked(&FREE).push(self.0);
+        locked(&FREE).push(slot);
     }
 }
 
@@ -88,7 +108,7 @@ thread_local! {
 }
 
 /// The calling thread's home (`None` while the thread is being torn down).
-pub(crate) fn here() -> Option<&'static Home> {
+pub(crate) fn here() -> Option<Home> {
     LOCAL.try_with(|l| l.0).ok()
 }
 
@@ -96,26 +116,38 @@ pub(crate) fn here() -> Option<&'static Home> {
 /// home's thread ended, or in a child made by `fork`, or while this thread drops what it
 /// took out of homes: what it drops on a home thread's behalf is dropped all the way);
 /// otherwise posts it to its home.
-pub(crate) fn give<K: Send + 'static>(home: Option<&'static Home>, keep_alive: K) {
-    let elsewhere = home.filter(|h| here().is_none_or(|mine| !std::ptr::eq(*h, mine)));
+pub(crate) fn give<K: Send + 'static>(home: Option<Home>, keep_alive: K) {
+    give_as(home, keep_alive, |k| Box::new(k))
+}
+
+/// [`give`] for a keep-alive already boxed (a deferred release's): posted as it is,
+/// not boxed a second time.
+pub(crate) fn give_boxed(home: Option<Home>, keep_alive: KeepAlive) {
+    give_as(home, keep_alive, |k| k)
+}
+
+/// [`give`], boxing `keep_alive` with `erase` only when it is posted.
+fn give_as<K>(home: Option<Home>, keep_alive: K, erase: impl FnOnce(K) -> KeepAlive) {
+    let elsewhere = home.filter(|h| here().is_none_or(|mine| mine != *h));
     let elsewhere = elsewhere.filter(|_| MINE.try_with(|m| m.get() == 0).unwrap_or(false));
     let Some(home) = elsewhere.filter(|_| !FORKED.load(Ordering::Relaxed)) else {
         drop_quietly(keep_alive);
         return;
     };
     let first = {
-        let mut posted = locked(&home.posted);
-        if !posted.open {
+        let slot = home.slot;
+        let mut posted = locked(&slot.posted);
+        if !posted.open || posted.generation != home.generation {
             drop(posted);
             drop_quietly(keep_alive);
             return;
         }
-        posted.items.push(Box::new(keep_alive));
+        posted.items.push(erase(keep_alive));
         let first = posted.since.is_none();
         if first {
             // Counted under the home's lock, as `take` uncounts it.
             posted.since = Some(Instant::now());
-            home.waiting.store(true, Ordering::Release);
+            slot.waiting.store(true, Ordering::Release);
             HOMES_WAITING.fetch_add(1, Ordering::SeqCst);
         }
         first
@@ -134,19 +166,19 @@ pub(crate) fn give<K: Send + 'static>(home: Option<&'static Home>, keep_alive: K
 /// handoff_runtime::reaper::take_returns(); // nothing was posted here: returns at once
 /// ```
 pub fn take_returns() {
-    let Some(home) = here() else { return };
-    if !home.waiting.load(Ordering::Acquire) {
+    let Some(Home { slot, .. }) = here() else { return };
+    if !slot.waiting.load(Ordering::Acquire) {
         return;
     }
-    let items = take(home, &mut locked(&home.posted));
+    let items = take(slot, &mut locked(&slot.posted));
     drop_taken(items);
 }
 
 /// Takes what waits in `home` (its lock held by the caller), counted in [`DROPPING`]
 /// until [`drop_taken`] dropped it.
-fn take(home: &Home, posted: &mut Posted) -> Vec<KeepAlive> {
+fn take(slot: &Slot, posted: &mut Posted) -> Vec<KeepAlive> {
     if posted.since.take().is_some() {
-        home.waiting.store(false, Ordering::Release);
+        slot.waiting.store(false, Ordering::Release);
         HOMES_WAITING.fetch_sub(1, Ordering::SeqCst);
     }
     let items = std::mem::take(&mut posted.items);
@@ -189,13 +221,13 @@ pub(crate) fn take_all(older: Duration) -> usize {
     if !any_waiting() {
         return 0;
     }
-    let homes = locked(&HOMES).clone();
+    let slots = locked(&HOMES).clone();
     let mut n = 0;
-    for home in homes {
+    for slot in slots {
         let items = {
-            let mut posted = locked(&home.posted);
+            let mut posted = locked(&slot.posted);
             match posted.since {
-                Some(since) if since.elapsed() >= older => take(home, &mut posted),
+                Some(since) if since.elapsed() >= older => take(slot, &mut posted),
                 _ => continue,
             }
         };

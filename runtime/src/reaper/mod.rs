@@ -110,7 +110,7 @@ struct Pending {
     event: Event,
     keep_alive: KeepAlive,
     /// The thread whose hand-off it was ([`home`]).
-    home: Option<&'static home::Home>,
+    home: Option<home::Home>,
 }
 
 /// The releases queued behind work on one stream.
@@ -248,7 +248,7 @@ pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
 /// [`release_after`] for a keep-alive whose hand-off `home`'s thread made: where it is
 /// dropped on another thread than that one, it is given back there ([`home`]).
 pub(crate) fn release_for<K: Send + 'static>(
-    home: Option<&'static home::Home>,
+    home: Option<home::Home>,
     after: Option<&Stream>,
     keep_alive: K,
 ) {
@@ -284,7 +284,7 @@ pub(crate) fn release_for<K: Send + 'static>(
 fn defer<K: Send + 'static>(
     stream: &Stream,
     keep_alive: K,
-    home: Option<&'static home::Home>,
+    home: Option<home::Home>,
 ) -> Result<(), (crate::Error, K)> {
     let r = reaper();
     let parked = {
@@ -451,7 +451,7 @@ fn perform(r: &Reaper, batch: Batch, deliver: Deliver) {
         match outcome {
             Outcome::Release => {
                 match deliver {
-                    Deliver::Home => home::give(p.home, p.keep_alive),
+                    Deliver::Home => home::give_boxed(p.home, p.keep_alive),
                     Deliver::Here => drop_quietly(p.keep_alive),
                 }
                 released += 1;

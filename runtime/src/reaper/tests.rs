@@ -574,9 +574,11 @@ fn a_keep_alive_let_go_elsewhere_is_dropped_at_home() {
     let (h, dropped_on) = probe_handoff();
     let elsewhere = drop_elsewhere(h);
     take_returns();
-    let on = dropped_on.lock().unwrap().expect("dropped by take_returns at the latest");
     // Given back: dropped here, unless another test's flush or the background thread
-    // (after STALE) took it first; never where it was let go.
+    // (after STALE) took it first (and may still be dropping it); never where it was
+    // let go.
+    assert!(eventually(Duration::from_secs(5), || dropped_on.lock().unwrap().is_some()));
+    let on = dropped_on.lock().unwrap().expect("dropped (above)");
     assert_ne!(on, elsewhere, "dropped on the thread that let go of it, not given back");
     // At home, a release is dropped at once, in place.
     let (h, dropped_on) = probe_handoff();
