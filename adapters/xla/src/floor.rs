@@ -54,10 +54,28 @@ pub unsafe fn view(
     shape: &[i64],
     stream: u64,
 ) -> Result<RawBuffer> {
+    // SAFETY: forwarded from the caller; the callback does nothing.
+    unsafe { view_with_callback(client, device, data, dtype, shape, stream, nothing_to_release) }
+}
+
+/// [`view`] with `on_delete` as PJRT's `on_delete_callback` (its argument null): what
+/// work on PJRT's thread when it lets go of a view costs the calls that follow.
+///
+/// # Safety
+/// As [`view`]; `on_delete` must not unwind.
+pub unsafe fn view_with_callback(
+    client: &Client,
+    device: &XlaDevice,
+    data: *mut c_void,
+    dtype: DataType,
+    shape: &[i64],
+    stream: u64,
+    on_delete: unsafe extern "C" fn(*mut c_void, *mut c_void),
+) -> Result<RawBuffer> {
     let t = dtype::to_pjrt(dtype)
         .ok_or_else(|| XlaError::invalid("dtype", handoff_runtime::dtype::name(dtype), "no PJRT type"))?;
     let api = client.inner.api();
-    // SAFETY: forwarded from the caller; the callback does nothing.
+    // SAFETY: forwarded from the caller; the callback does not unwind.
     let raw = unsafe {
         result::client::create_view_of_device_buffer(
             api,
@@ -67,7 +85,7 @@ pub unsafe fn view(
             t,
             shape,
             stream as isize,
-            nothing_to_release,
+            on_delete,
             std::ptr::null_mut(),
         )?
     };

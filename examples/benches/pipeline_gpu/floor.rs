@@ -69,6 +69,14 @@ fn event() -> Result<sys::CUevent, PipelineError> {
     Ok(e)
 }
 
+/// An `on_delete_callback` that keeps PJRT's thread busy for half a microsecond.
+unsafe extern "C" fn spin_half_us(_data: *mut std::ffi::c_void, _arg: *mut std::ffi::c_void) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_nanos(500) {
+        std::hint::spin_loop();
+    }
+}
+
 /// Runs `a` and `b`, `a` first when `a_first`, and returns both results in that
 /// order whichever ran first.
 fn in_turns<A, B>(
@@ -135,7 +143,7 @@ pub fn measure<'p>(
     let mut steps = ExportSteps::new(p, h, samples)?;
     p.synchronize();
 
-    let mut d: [Vec<Duration>; 22] = std::array::from_fn(|_| Vec::with_capacity(samples));
+    let mut d: [Vec<Duration>; 24] = std::array::from_fn(|_| Vec::with_capacity(samples));
     let [
         to_xla_export,
         to_xla_export_f,
@@ -157,6 +165,8 @@ pub fn measure<'p>(
         composed_f,
         half,
         half_f,
+        busy,
+        busy_f,
         exec,
         exec_f,
     ] = &mut d;
@@ -236,6 +246,25 @@ pub fn measure<'p>(
             let out: handoff_xla::Buffer = kernel.call1(h)?;
             Ok(handoff_torch::import(out.export(&torch_stream)?)?)
         })
+    };
+    // The floor's call with a view whose `on_delete` keeps PJRT's thread busy for
+    // 0.5 µs (about what handoff's takes to post the hand-off home): whether work on
+    // PJRT's thread slows the calls that follow.
+    let floor_call_busy = || -> Result<Duration, PipelineError> {
+        let t0 = Instant::now();
+        let ptr = bare_torch_export()?;
+        // SAFETY: as `bare_view`; `spin_half_us` does not unwind.
+        let v = unsafe {
+            xla_floor::view_with_callback(client, device, ptr, dtype, &shape, ready_raw, spin_half_us)
+        }?;
+        let outs = xla_floor::execute(exe, &[&v])?;
+        drop(v);
+        let t = bare_from_blob(bare_xla_export(&outs[0])?)?;
+        let d = t0.elapsed();
+        drop(t);
+        xla_floor::release(&outs[0])?;
+        drop(outs);
+        Ok(d)
     };
     let floor_call = || -> Result<Duration, PipelineError> {
         let t0 = Instant::now();
@@ -325,16 +354,17 @@ pub fn measure<'p>(
         ] {
             v.push(d);
         }
-        // The whole kernel call and the same calls composed by hand (two ways), each
-        // beside the floor's call, in the same turns, in an order that rotates every
-        // two samples (what runs just before a call changes what it costs); then the
-        // execution alone and its floor.
+        // The whole kernel call, the same calls composed by hand (two ways) and the
+        // floor's call with a busy `on_delete`, each beside the floor's call, in the
+        // same turns, in an order that rotates every two samples (what runs just
+        // before a call changes what it costs); then the execution alone and its floor.
         let mut calls = [
             (&handoff_call as &dyn Fn() -> Result<Duration, PipelineError>, &mut *call, &mut *call_f),
             (&handoff_composed, &mut *composed, &mut *composed_f),
             (&handoff_half, &mut *half, &mut *half_f),
+            (&floor_call_busy, &mut *busy, &mut *busy_f),
         ];
-        calls.rotate_left((i / 2) % 3);
+        calls.rotate_left((i / 2) % 4);
         for (handoff_side, v, vf) in calls {
             let (c, cf) = in_turns(handoff_first, handoff_side, &floor_call)?;
             v.push(c);
@@ -382,6 +412,7 @@ pub fn measure<'p>(
         row("kernel_call", "kernel call (hand-offs + execute)", call, call_f),
         row("kernel_call_composed", "  the same calls composed by hand", composed, composed_f),
         row("kernel_call_to_buffer", "  the call to a buffer, then to torch", half, half_f),
+        row("floor_call_busy_on_delete", "  the floor, on_delete busy 0.5 us", busy, busy_f),
         row("execute", "execute alone", exec, exec_f),
     ];
     let [handoff_steps, floor_steps] = &mut call_steps;
