@@ -679,12 +679,18 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
     }
     p.synchronize();
     let (mut enqueue, mut syncs, mut busy, mut correct) = (Vec::new(), 0u64, 0usize, 0usize);
+    // The slowest step's phases: where a step that took long spent its time.
+    let mut slowest: Option<(Duration, model::Phases)> = None;
     for _ in 0..args.trials {
         handoff_torch::cuda::sleep(0, cycles)?;
         let global = stats::stats();
+        let mut phases = model::Phases::default();
         let t = Instant::now();
-        let (next, local) = stats::measure(|| p.step(&x, None));
+        let (next, local) = stats::measure(|| p.step(&x, Some(&mut phases)));
         let took = t.elapsed();
+        if slowest.as_ref().is_none_or(|(d, _)| took > *d) {
+            slowest = Some((took, phases));
+        }
         let next = next?;
         syncs += local.host_syncs.max(stats::stats().since(&global).host_syncs);
         // Still running the sleep: the step really was only enqueued.
@@ -711,6 +717,18 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
         ENQUEUE_LIMIT.as_micros(),
         if proof_ok { "ok" } else { "FAILED" }
     );
+    if let Some((took, ph)) = slowest {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!(
+            "no-host-sync: the slowest step ({:.1} us): torch matmul {:.1}, kernel call {:.1}, torch add {:.1}, \
+             release {:.1} us",
+            us(took),
+            us(ph.matmul),
+            us(ph.kernel),
+            us(ph.add),
+            us(ph.release)
+        );
+    }
     ok &= proof_ok;
 
     let handoff_ok = s_handoff.host_syncs == 0 && s_handoff.copies == 0 && s_samples.host_syncs == 0;
