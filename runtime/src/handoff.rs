@@ -180,25 +180,8 @@ impl Handoff {
         ready: Ready,
         release: Release,
     ) -> Result<Handoff> {
-        let (prepared, device) = {
-            let desc = describe(&keep_alive)?;
-            let mut flags = DlpackFlags::empty();
-            flags.set(DlpackFlags::READ_ONLY, desc.read_only);
-            flags.set(DlpackFlags::IS_COPIED, desc.is_copied);
-            let parts = Parts {
-                data: desc.data,
-                device: desc.device.to_dlpack(),
-                dtype: desc.dtype,
-                shape: &desc.shape,
-                strides: desc.strides.as_deref(),
-                byte_offset: desc.byte_offset,
-                flags,
-            };
-            // The description is checked once, here, before the keep-alive moves in;
-            // the tensor laid out from it is handoff's own and not read back.
-            let prepared = managed::prepare::<K>(&parts)?;
-            (prepared, validate::check_parts(&parts, Access::Read)?.device)
-        };
+        let (laid, device) = lay_out(&describe(&keep_alive)?, managed::owner_words::<K>())?;
+        let prepared = managed::Prepared::<K>::for_owner(laid);
         let owner = Owner {
             head: Head {
                 consumer: consumer.clone(),
@@ -435,6 +418,26 @@ impl Handoff {
     pub fn release(&self) -> Release {
         if self.head().after_consumer { Release::AfterConsumer } else { Release::Immediately }
     }
+}
+
+/// Checks a producer's description once, before the keep-alive moves in, and lays it
+/// out with room for an owner of `owner_words` words (the tensor laid out from it is
+/// handoff's own and not read back). Not generic: every hand-off runs this same code.
+fn lay_out(desc: &TensorDesc<'_>, owner_words: usize) -> Result<(managed::Laid, Device)> {
+    let mut flags = DlpackFlags::empty();
+    flags.set(DlpackFlags::READ_ONLY, desc.read_only);
+    flags.set(DlpackFlags::IS_COPIED, desc.is_copied);
+    let parts = Parts {
+        data: desc.data,
+        device: desc.device.to_dlpack(),
+        dtype: desc.dtype,
+        shape: &desc.shape,
+        strides: desc.strides.as_deref(),
+        byte_offset: desc.byte_offset,
+        flags,
+    };
+    let laid = managed::lay_out(&parts, owner_words)?;
+    Ok((laid, validate::check_parts(&parts, Access::Read)?.device))
 }
 
 /// The managed tensor of a hand-off dropped away from home, on its way there (its

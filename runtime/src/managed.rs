@@ -83,26 +83,39 @@ pub(crate) struct Parts<'a> {
     pub flags: DlpackFlags,
 }
 
-/// A managed tensor's allocation with its shape and strides written, waiting for its
-/// owner: what [`prepare`] checked and laid out while the description is borrowed
-/// (from the keep-alive itself), before the keep-alive moves into it.
-pub(crate) struct Prepared<K> {
+/// A managed tensor's allocation with its shape and strides written and room for an
+/// owner of `owner_words` words: what [`lay_out`] checked and laid out while the
+/// description is borrowed (from the keep-alive itself), before the keep-alive moves
+/// into it. Not generic, so that every hand-off runs the same code up to its owner.
+pub(crate) struct Laid {
     allocation: Allocation<DLManagedTensorVersioned>,
     ndim: usize,
+    owner_words: usize,
     data: *mut c_void,
     device: DLDevice,
     dtype: DLDataType,
     byte_offset: u64,
     flags: DlpackFlags,
+}
+
+/// A [`Laid`] allocation with room for an [`Owner<K>`], waiting for it.
+pub(crate) struct Prepared<K> {
+    laid: Laid,
     owner: std::marker::PhantomData<fn(K)>,
 }
 
 /// Checks `parts` and lays them out in one allocation that has room for an
 /// [`Owner<K>`] too. Dropping the result frees it.
 pub(crate) fn prepare<K: Send + 'static>(parts: &Parts<'_>) -> Result<Prepared<K>> {
+    lay_out(parts, owner_words::<K>()).map(Prepared::for_owner)
+}
+
+/// Checks `parts` and lays them out in one allocation with `owner_words` words after
+/// the shape and strides. Dropping the result frees it.
+pub(crate) fn lay_out(parts: &Parts<'_>, owner_words: usize) -> Result<Laid> {
     let strides = dims(parts)?;
     let ndim = parts.shape.len();
-    let mut allocation = Allocation::<DLManagedTensorVersioned>::allocate(2 * ndim + owner_words::<K>())
+    let mut allocation = Allocation::<DLManagedTensorVersioned>::allocate(2 * ndim + owner_words)
         .map_err(|_| ValidationError::ShapeOverflow { shape: parts.shape.to_vec() })?;
     let extra = allocation.extra_mut();
     let (shape, rest) = extra.split_at_mut(ndim);
@@ -111,21 +124,21 @@ pub(crate) fn prepare<K: Send + 'static>(parts: &Parts<'_>) -> Result<Prepared<K
         Strides::Given(given) => rest[..ndim].copy_from_slice(given),
         Strides::Compact => compact_into(parts.shape, &mut rest[..ndim]),
     }
-    Ok(Prepared {
+    Ok(Laid {
         allocation,
         ndim,
+        owner_words,
         data: parts.data,
         device: parts.device,
         dtype: parts.dtype,
         byte_offset: parts.byte_offset,
         flags: parts.flags,
-        owner: std::marker::PhantomData,
     })
 }
 
 /// The 8-byte words an `Owner<K>` takes after the shape and strides, with room to
 /// align it (those words are 8-aligned).
-const fn owner_words<K: Send + 'static>() -> usize {
+pub(crate) const fn owner_words<K: Send + 'static>() -> usize {
     let align = align_of::<Owner<K>>();
     (size_of::<Owner<K>>() + align.saturating_sub(8)).div_ceil(8)
 }
@@ -134,6 +147,12 @@ const fn owner_words<K: Send + 'static>() -> usize {
 pub(crate) type Finished = (Managed<DLManagedTensorVersioned>, NonNull<Head>);
 
 impl<K: Send + 'static> Prepared<K> {
+    /// `laid`, for an owner of `K`: its room is checked when the owner moves in
+    /// ([`finish`](Self::finish)).
+    pub(crate) fn for_owner(laid: Laid) -> Prepared<K> {
+        Prepared { laid, owner: std::marker::PhantomData }
+    }
+
     /// Puts `owner` in place and finishes the managed tensor, whose deleter drops the
     /// owner (so releases the keep-alive) and frees the allocation. On error (none
     /// can happen: the rank was checked) nothing is built and the keep-alive is
@@ -141,7 +160,18 @@ impl<K: Send + 'static> Prepared<K> {
     /// [`Head`] (`Owner` is `repr(C)` with the head first), valid until the tensor's
     /// deleter runs.
     pub(crate) fn finish(self, mut owner: Owner<K>) -> std::result::Result<Finished, (Error, Option<K>)> {
-        let Prepared { mut allocation, ndim, data, device, dtype, byte_offset, flags, .. } = self;
+        let Laid { mut allocation, ndim, owner_words: room, data, device, dtype, byte_offset, flags } =
+            self.laid;
+        if room < owner_words::<K>() {
+            let e = Error::Adapter {
+                adapter: "export",
+                message: format!(
+                    "the hand-off was laid out for an owner of {room} words, not {}",
+                    owner_words::<K>()
+                ),
+            };
+            return Err((e, owner.keep_alive.take()));
+        }
         let at = allocation.extra_mut()[2 * ndim..].as_mut_ptr() as *mut u8;
         let owner_at = at.wrapping_add(at.align_offset(align_of::<Owner<K>>())) as *mut Owner<K>;
         // SAFETY: `owner_at` is aligned and inside the allocation (`owner_words` left

@@ -5,6 +5,8 @@ use cudarc::driver::{CudaContext, CudaStream, result as cu};
 use handoff_runtime::{Error, Result, Stream, cuda};
 use std::sync::{Arc, Mutex, OnceLock};
 
+#[cold]
+#[inline(never)]
 pub(crate) fn refuse<T>(message: String) -> Result<T> {
     Err(Error::Adapter { adapter: "handoff-cuda", message })
 }

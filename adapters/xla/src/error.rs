@@ -189,6 +189,9 @@ pub enum XlaError {
 }
 
 impl XlaError {
+    // Cold: every refusal formats its message away from the paths that succeed.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn invalid(field: impl Into<String>, value: impl ToString, reason: impl Into<String>) -> Self {
         XlaError::Invalid { field: field.into(), value: value.to_string(), reason: reason.into() }
     }

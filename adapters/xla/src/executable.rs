@@ -401,13 +401,27 @@ pub(crate) fn check_spec(
     } else {
         return Ok(());
     };
-    Err(XlaError::InputMismatch {
+    Err(spec_mismatch(program, index, p, what, dtype, shape))
+}
+
+/// The refusal of an input that does not match its parameter (`what` differs).
+#[cold]
+#[inline(never)]
+fn spec_mismatch(
+    program: &str,
+    index: usize,
+    p: &ArraySpec,
+    what: &'static str,
+    dtype: handoff_runtime::dtype::DataType,
+    shape: &[i64],
+) -> XlaError {
+    XlaError::InputMismatch {
         program: program.to_string(),
         index,
         what,
         expected: p.to_string(),
         got: ArraySpec { dtype: Some(dtype), shape: shape.to_vec() }.to_string(),
-    })
+    }
 }
 
 pub(crate) fn list(specs: &[ArraySpec]) -> String {

@@ -74,6 +74,8 @@ impl Inputs<'_> {
     }
 }
 
+#[cold]
+#[inline(never)]
 fn device_mismatch(program: &str, index: usize, expected: &XlaDevice, got: impl std::fmt::Debug) -> XlaError {
     XlaError::InputMismatch {
         program: program.to_string(),

@@ -297,25 +297,13 @@ impl Kernel {
         if let Some(params) = &self.params
             && params.len() != args.len()
         {
-            return Err(XlaError::Arity {
-                program: self.name().to_string(),
-                what: "inputs",
-                expected: params.len(),
-                got: args.len(),
-                detail: list(params),
-            });
+            return Err(arity(self.name(), "inputs", params, args.len()));
         }
         let outputs = self.exe.outputs();
         if let Some(n) = R::COUNT
             && n != outputs.len()
         {
-            return Err(XlaError::Arity {
-                program: self.name().to_string(),
-                what: "outputs",
-                expected: outputs.len(),
-                got: n,
-                detail: list(outputs),
-            });
+            return Err(arity(self.name(), "outputs", outputs, n));
         }
         let mut inputs = Inputs {
             kernel: self,
@@ -348,4 +336,11 @@ impl Kernel {
         };
         R::from_outputs(outs, &consumer)
     }
+}
+
+/// The refusal of a call with `got` inputs or outputs where the program has `specs`.
+#[cold]
+#[inline(never)]
+fn arity(program: &str, what: &'static str, specs: &[ArraySpec], got: usize) -> XlaError {
+    XlaError::Arity { program: program.to_string(), what, expected: specs.len(), got, detail: list(specs) }
 }
