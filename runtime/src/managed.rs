@@ -155,8 +155,8 @@ impl<K: Send + 'static> Prepared<K> {
 
     /// Puts `owner` in place and finishes the managed tensor, whose deleter drops the
     /// owner (so releases the keep-alive) and frees the allocation. On error (none
-    /// can happen: the rank was checked) nothing is built and the keep-alive is
-    /// given back, never seen by a consumer. Returns, with the tensor, the owner's
+    /// can happen: the rank was checked, and the room laid out for `K`) nothing is
+    /// built and the keep-alive is given back, never seen by a consumer. Returns, with the tensor, the owner's
     /// [`Head`] (`Owner` is `repr(C)` with the head first), valid until the tensor's
     /// deleter runs.
     pub(crate) fn finish(self, mut owner: Owner<K>) -> std::result::Result<Finished, (Error, Option<K>)> {
@@ -311,6 +311,23 @@ mod tests {
             drop(managed);
             assert_eq!(drops.load(Ordering::SeqCst), before + 1, "{shape:?}: dropped once, by the deleter");
         }
+    }
+
+    #[test]
+    fn an_owner_is_refused_room_it_was_not_laid_out_for_and_given_back() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let laid = lay_out(&parts(&[2, 3]), 0).unwrap();
+        let owner = Owner {
+            head: Head { consumer: Stream::host(), after_consumer: false, home: None },
+            keep_alive: Some(Wide(drops.clone())),
+        };
+        let Err((e, back)) = Prepared::<Wide>::for_owner(laid).finish(owner) else {
+            panic!("an owner moved into an allocation without room for it");
+        };
+        assert!(e.to_string().contains("laid out for an owner of 0 words"), "{e}");
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "given back, not dropped");
+        drop(back);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 
     #[test]
