@@ -247,37 +247,31 @@ pub fn measure<'p>(
             Ok(handoff_torch::import(out.export(&torch_stream)?)?)
         })
     };
+    // The floor's call, with the view `view` makes.
+    let floor_call_via =
+        |view: &dyn Fn(*mut std::ffi::c_void) -> Result<xla_floor::RawBuffer, PipelineError>| {
+            let t0 = Instant::now();
+            let v = view(bare_torch_export()?)?;
+            let outs = xla_floor::execute(exe, &[&v])?;
+            drop(v);
+            let t = bare_from_blob(bare_xla_export(&outs[0])?)?;
+            let d = t0.elapsed();
+            drop(t);
+            xla_floor::release(&outs[0])?;
+            drop(outs);
+            Ok::<_, PipelineError>(d)
+        };
+    let floor_call = || floor_call_via(&bare_view);
     // The floor's call with a view whose `on_delete` keeps PJRT's thread busy for
     // 0.5 µs (about what handoff's takes to post the hand-off home): whether work on
     // PJRT's thread slows the calls that follow.
-    let floor_call_busy = || -> Result<Duration, PipelineError> {
-        let t0 = Instant::now();
-        let ptr = bare_torch_export()?;
+    let busy_view = |ptr| -> Result<xla_floor::RawBuffer, PipelineError> {
         // SAFETY: as `bare_view`; `spin_half_us` does not unwind.
-        let v = unsafe {
+        Ok(unsafe {
             xla_floor::view_with_callback(client, device, ptr, dtype, &shape, ready_raw, spin_half_us)
-        }?;
-        let outs = xla_floor::execute(exe, &[&v])?;
-        drop(v);
-        let t = bare_from_blob(bare_xla_export(&outs[0])?)?;
-        let d = t0.elapsed();
-        drop(t);
-        xla_floor::release(&outs[0])?;
-        drop(outs);
-        Ok(d)
+        }?)
     };
-    let floor_call = || -> Result<Duration, PipelineError> {
-        let t0 = Instant::now();
-        let v = bare_view(bare_torch_export()?)?;
-        let outs = xla_floor::execute(exe, &[&v])?;
-        drop(v);
-        let t = bare_from_blob(bare_xla_export(&outs[0])?)?;
-        let d = t0.elapsed();
-        drop(t);
-        xla_floor::release(&outs[0])?;
-        drop(outs);
-        Ok(d)
-    };
+    let floor_call_busy = || floor_call_via(&busy_view);
     // The kernel call composed by hand from the public pieces, step by step, and its
     // floor the same way: which step of a call costs more than its bare calls, in a
     // call's own company (the output still being launched when it is exported).
