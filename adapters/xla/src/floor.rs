@@ -40,12 +40,18 @@ pub fn ready_stream(client: &Client, device: &XlaDevice) -> Result<u64> {
     Ok(raw as u64)
 }
 
+/// PJRT's `on_delete_callback` of a view (its data pointer and its argument).
+pub type OnDelete = unsafe extern "C" fn(*mut c_void, *mut c_void);
+
 /// `PJRT_Client_CreateViewOfDeviceBuffer` of `data` with `stream`, as the import of a
-/// hand-off makes it.
+/// hand-off makes it, with `on_delete` as PJRT's `on_delete_callback` (its argument
+/// null; `None`: one that does nothing). A callback that works shows what work on
+/// PJRT's thread, when it lets go of the view, costs the calls that follow.
 ///
 /// # Safety
 /// `data` must be memory of `device` holding a compact row-major array of `shape` and
-/// `dtype`, valid (and written before work on `stream`) until the view is dropped.
+/// `dtype`, valid (and written before work on `stream`) until the view is dropped;
+/// `on_delete` must not unwind.
 pub unsafe fn view(
     client: &Client,
     device: &XlaDevice,
@@ -53,24 +59,7 @@ pub unsafe fn view(
     dtype: DataType,
     shape: &[i64],
     stream: u64,
-) -> Result<RawBuffer> {
-    // SAFETY: forwarded from the caller; the callback does nothing.
-    unsafe { view_with_callback(client, device, data, dtype, shape, stream, nothing_to_release) }
-}
-
-/// [`view`] with `on_delete` as PJRT's `on_delete_callback` (its argument null): what
-/// work on PJRT's thread when it lets go of a view costs the calls that follow.
-///
-/// # Safety
-/// As [`view`]; `on_delete` must not unwind.
-pub unsafe fn view_with_callback(
-    client: &Client,
-    device: &XlaDevice,
-    data: *mut c_void,
-    dtype: DataType,
-    shape: &[i64],
-    stream: u64,
-    on_delete: unsafe extern "C" fn(*mut c_void, *mut c_void),
+    on_delete: Option<OnDelete>,
 ) -> Result<RawBuffer> {
     let t = dtype::to_pjrt(dtype)
         .ok_or_else(|| XlaError::invalid("dtype", handoff_runtime::dtype::name(dtype), "no PJRT type"))?;
@@ -85,7 +74,7 @@ pub unsafe fn view_with_callback(
             t,
             shape,
             stream as isize,
-            on_delete,
+            on_delete.unwrap_or(nothing_to_release),
             std::ptr::null_mut(),
         )?
     };

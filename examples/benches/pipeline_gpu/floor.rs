@@ -138,7 +138,7 @@ pub fn measure<'p>(
     // A view kept for the bare execution.
     let h_ptr = torch_floor::describe(h).map_err(shim)?;
     // SAFETY: `h` is a live CUDA tensor of this layout, kept until the view is dropped.
-    let view_kept = unsafe { xla_floor::view(client, device, h_ptr, dtype, &shape, ready_raw) }?;
+    let view_kept = unsafe { xla_floor::view(client, device, h_ptr, dtype, &shape, ready_raw, None) }?;
     let y_bare = xla_floor::execute(exe, &[&view_kept])?.remove(0);
     let mut steps = ExportSteps::new(p, h, samples)?;
     p.synchronize();
@@ -175,7 +175,7 @@ pub fn measure<'p>(
     let bare_torch_export = || bare_export(h, ev_order, ready_raw);
     let bare_view = |ptr| -> Result<xla_floor::RawBuffer, PipelineError> {
         // SAFETY: `h` is live and of this layout while the view is (dropped in the loop).
-        Ok(unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw) }?)
+        Ok(unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw, None) }?)
     };
     // The bare XLA -> torch steps: the buffer's side, then PyTorch's (its stream, from_blob).
     let bare_xla_export = |b: &xla_floor::RawBuffer| -> Result<*mut std::ffi::c_void, PipelineError> {
@@ -267,9 +267,7 @@ pub fn measure<'p>(
     // PJRT's thread slows the calls that follow.
     let busy_view = |ptr| -> Result<xla_floor::RawBuffer, PipelineError> {
         // SAFETY: as `bare_view`; `spin_half_us` does not unwind.
-        Ok(unsafe {
-            xla_floor::view_with_callback(client, device, ptr, dtype, &shape, ready_raw, spin_half_us)
-        }?)
+        Ok(unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw, Some(spin_half_us)) }?)
     };
     let floor_call_busy = || floor_call_via(&busy_view);
     // The kernel call composed by hand from the public pieces, step by step, and its
@@ -779,7 +777,7 @@ pub fn pipeline_ms(
         let ptr = bare_export(&h, ev_order, ready_raw)?;
         // SAFETY: `h` is a live CUDA tensor of this layout (the matmul keeps `x`'s),
         // kept until the view is dropped below; `recordStream` covers XLA's use.
-        let view = unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw) }?;
+        let view = unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw, None) }?;
         let outs = xla_floor::execute(exe, &[&view])?;
         drop(view);
         let torch_raw = handoff_torch::cuda::current_raw_stream(0)?;
