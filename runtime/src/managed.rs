@@ -156,9 +156,9 @@ impl<K: Send + 'static> Prepared<K> {
     /// Puts `owner` in place and finishes the managed tensor, whose deleter drops the
     /// owner (so releases the keep-alive) and frees the allocation. On error (none
     /// can happen: the rank was checked, and the room laid out for `K`) nothing is
-    /// built and the keep-alive is given back, never seen by a consumer. Returns, with the tensor, the owner's
-    /// [`Head`] (`Owner` is `repr(C)` with the head first), valid until the tensor's
-    /// deleter runs.
+    /// built and the keep-alive is given back, never seen by a consumer. Returns, with
+    /// the tensor, the owner's [`Head`] (`Owner` is `repr(C)` with the head first),
+    /// valid until the tensor's deleter runs.
     pub(crate) fn finish(self, mut owner: Owner<K>) -> std::result::Result<Finished, (Error, Option<K>)> {
         let Laid { mut allocation, ndim, owner_words: room, data, device, dtype, byte_offset, flags } =
             self.laid;
