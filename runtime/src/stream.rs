@@ -482,6 +482,27 @@ impl Event {
     pub fn raw(&self) -> RawEvent {
         self.raw
     }
+
+    /// A handle that asks about this event without owning it, for the reaper, which
+    /// asks with no lock held while the event's owner stays in its queue.
+    pub(crate) fn probe(&self) -> EventProbe {
+        EventProbe { backend: self.backend.clone(), raw: self.raw }
+    }
+}
+
+/// Asks about an [`Event`] it does not own ([`Event::probe`]). Once the event's owner
+/// gave it back to the pool, another record may reuse it: the answer is then about
+/// that record, which the reaper's use allows for (see `reaper::sweep`).
+pub(crate) struct EventProbe {
+    backend: BackendRef,
+    raw: RawEvent,
+}
+
+impl EventProbe {
+    /// [`Event::query`], of the event's latest record. Never blocks.
+    pub(crate) fn query(&self) -> Result<bool> {
+        self.backend.query(self.raw)
+    }
 }
 
 impl Drop for Event {

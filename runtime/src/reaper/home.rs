@@ -17,6 +17,7 @@
 //! once; a flush or a drain drops everything waiting in every home.
 
 use super::*;
+use std::cell::Cell;
 
 /// How long a keep-alive waits in its home for the home thread before the reaper's
 /// thread drops it instead (see [`take_returns`]).
@@ -93,12 +94,13 @@ impl Local {
 impl Drop for Local {
     fn drop(&mut self) {
         let slot = self.0.slot;
-        let items = {
+        let mut items = Vec::new();
+        {
             let mut posted = locked(&slot.posted);
             posted.open = false;
-            take(slot, &mut posted)
-        };
-        drop_taken(items);
+            take(slot, &mut posted, &mut items);
+        }
+        drop_taken(&mut items);
         locked(&FREE).push(slot);
     }
 }
@@ -117,16 +119,15 @@ pub(crate) fn here() -> Option<Home> {
 /// took out of homes: what it drops on a home thread's behalf is dropped all the way);
 /// otherwise posts it to its home.
 pub(crate) fn give<K: Send + 'static>(home: Option<Home>, keep_alive: K) {
-    give_as(home, keep_alive, |k| Box::new(k))
+    give_as(home, keep_alive, KeepAlive::new)
 }
 
-/// [`give`] for a keep-alive already boxed (a deferred release's): posted as it is,
-/// not boxed a second time.
-pub(crate) fn give_boxed(home: Option<Home>, keep_alive: KeepAlive) {
+/// [`give`] for a keep-alive already erased (a deferred release's): posted as it is.
+pub(crate) fn give_erased(home: Option<Home>, keep_alive: KeepAlive) {
     give_as(home, keep_alive, |k| k)
 }
 
-/// [`give`], boxing `keep_alive` with `erase` only when it is posted.
+/// [`give`], erasing `keep_alive`'s type with `erase` only when it is posted.
 fn give_as<K>(home: Option<Home>, keep_alive: K, erase: impl FnOnce(K) -> KeepAlive) {
     let elsewhere = home.filter(|h| here().is_none_or(|mine| mine != *h));
     let elsewhere = elsewhere.filter(|_| MINE.try_with(|m| m.get() == 0).unwrap_or(false));
@@ -170,44 +171,49 @@ pub fn take_returns() {
     if !slot.waiting.load(Ordering::Acquire) {
         return;
     }
-    let items = take(slot, &mut locked(&slot.posted));
-    drop_taken(items);
+    // The thread's spare list and the home's swap places: neither posting nor taking
+    // allocates once both lists have room.
+    let mut items = SPARE.try_with(Cell::take).unwrap_or_default();
+    take(slot, &mut locked(&slot.posted), &mut items);
+    drop_taken(&mut items);
+    let _ = SPARE.try_with(|s| s.set(items));
 }
 
-/// Takes what waits in `home` (its lock held by the caller), counted in [`DROPPING`]
-/// until [`drop_taken`] dropped it.
-fn take(slot: &Slot, posted: &mut Posted) -> Vec<KeepAlive> {
+thread_local! {
+    /// An empty list with room, swapped with the home's at each [`take_returns`].
+    static SPARE: Cell<Vec<KeepAlive>> = const { Cell::new(Vec::new()) };
+}
+
+/// Swaps what waits in `home` (its lock held by the caller) with `into` (empty),
+/// counted in [`DROPPING`] until [`drop_taken`] dropped it.
+fn take(slot: &Slot, posted: &mut Posted, into: &mut Vec<KeepAlive>) {
     if posted.since.take().is_some() {
         slot.waiting.store(false, Ordering::Release);
         HOMES_WAITING.fetch_sub(1, Ordering::SeqCst);
     }
-    let items = std::mem::take(&mut posted.items);
-    if !items.is_empty() {
+    into.clear();
+    std::mem::swap(&mut posted.items, into);
+    if !into.is_empty() {
         DROPPING.fetch_add(1, Ordering::SeqCst);
     }
-    items
 }
 
 thread_local! {
     /// How many of [`DROPPING`]'s batches this thread is dropping (nested when a
     /// keep-alive's drop releases more): a flush inside such a drop does not wait
     /// for itself.
-    static MINE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static MINE: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Drops what [`take`] took, then uncounts it.
-fn drop_taken(items: Vec<KeepAlive>) {
+/// Drops what [`take`] took (leaving `items` empty, with its room), then uncounts it.
+fn drop_taken(items: &mut Vec<KeepAlive>) {
     if items.is_empty() {
         return;
     }
     let _ = MINE.try_with(|m| m.set(m.get() + 1));
-    drop_all(items);
+    items.drain(..).for_each(drop_quietly);
     let _ = MINE.try_with(|m| m.set(m.get() - 1));
     DROPPING.fetch_sub(1, Ordering::SeqCst);
-}
-
-fn drop_all(items: Vec<KeepAlive>) {
-    items.into_iter().for_each(drop_quietly);
 }
 
 /// Whether any home holds something.
@@ -223,16 +229,17 @@ pub(crate) fn take_all(older: Duration) -> usize {
     }
     let slots = locked(&HOMES).clone();
     let mut n = 0;
+    let mut items = Vec::new();
     for slot in slots {
-        let items = {
+        {
             let mut posted = locked(&slot.posted);
             match posted.since {
-                Some(since) if since.elapsed() >= older => take(slot, &mut posted),
+                Some(since) if since.elapsed() >= older => take(slot, &mut posted, &mut items),
                 _ => continue,
             }
-        };
+        }
         n += items.len();
-        drop_taken(items);
+        drop_taken(&mut items);
     }
     n
 }

@@ -2,11 +2,13 @@
 //! consumer enqueued before letting go of it has completed.
 //!
 //! The dropping thread records an event on the consumer stream and queues the
-//! keep-alive; a background thread polls the oldest event of each stream (events of
-//! one stream complete in order, so thousands of pending releases cost one query per
-//! stream per sweep) and gives what is done back to the thread that made the
-//! hand-off, which drops it at its next release (see [`take_returns`]; a keep-alive
-//! that waits there longer than [`STALE`] is dropped by the background thread).
+//! keep-alive; a background thread asks, at most once per [`MIN_POLL`], each stream's
+//! newest event (events of one stream complete in order, so thousands of pending
+//! releases cost one query per stream per sweep), and gives what is done back to the
+//! thread that made the hand-off, which drops it at its next release (see
+//! [`take_returns`]; a keep-alive that waits there longer than [`STALE`] is dropped by
+//! the background thread). It asks with no lock held, and rarely: its queries run
+//! in the CUDA driver beside the calling threads' own calls, which wait for them.
 //! A hand-off dropped on another thread than the one that made it (PJRT lets go of a
 //! view on its own thread) goes back the same way, whole: its DLPack tensor, its
 //! context and its keep-alive are all freed on the thread that allocated them, and
@@ -25,9 +27,9 @@
 //! reported on stderr the first time (later ones are only counted).
 //!
 //! No lock is held while waiting on the device: a flush takes the releases it waits
-//! for out of the queue first and waits without any lock; under it, the background
-//! thread only queries and a release only records its event, neither of which blocks
-//! ([`crate::Backend::query`], [`crate::Backend::record`]). So a stream whose work
+//! for out of the queue first and waits without any lock; the background thread
+//! queries with no lock held, and a release only records its event under it, which
+//! does not block ([`crate::Backend::query`], [`crate::Backend::record`]). So a stream whose work
 //! never completes holds up only the flushes that ask for that stream
 //! ([`flush_stream`] of it, or [`flush`]); the background thread and flushes of other
 //! streams go on.
@@ -54,7 +56,7 @@
 //! `fork` (the parent never deferred one) starts its own reaper as usual.
 
 use crate::stats::{self, Counter};
-use crate::stream::{Event, RawStream, Stream};
+use crate::stream::{Event, EventProbe, RawStream, Stream};
 use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -72,11 +74,20 @@ pub const EXIT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// wake-up, and an idle one costs no wake-ups once this has passed.
 const LINGER: Duration = Duration::from_millis(200);
 
+/// The shortest time between two sweeps of the background thread, so a release
+/// happens up to this long after the work before it completed (up to `MAX_POLL`,
+/// 500 µs, once releases pause). Sweeping more often slows the threads that make
+/// hand-offs: each query runs in the CUDA driver beside their calls, which wait for it.
+/// The environment variable `HANDOFF_REAPER_POLL_US` (microseconds, read once) sets
+/// another.
+pub const MIN_POLL: Duration = Duration::from_micros(200);
+
 /// The longest the background thread sleeps between two sweeps: how much later than
 /// its event a release may happen while the thread polls.
 const MAX_POLL: Duration = Duration::from_micros(500);
 
-type KeepAlive = Box<dyn Send>;
+/// A queued or posted keep-alive, its type erased (in place when small).
+type KeepAlive = erased::Erased;
 /// A stream's backend, raw handle, and for a thread-relative handle (CUDA's
 /// per-thread default stream) its thread: two threads' such streams are different
 /// streams, and their events must not share one in-order lane.
@@ -108,6 +119,10 @@ type BatchId = u64;
 
 struct Pending {
     event: Event,
+    /// When it was queued: later releases have larger numbers, in every lane and
+    /// across a lane's removal and re-creation, so that an answer about older
+    /// releases never covers newer ones.
+    seq: u64,
     keep_alive: KeepAlive,
     /// The thread whose hand-off it was ([`home`]).
     home: Option<home::Home>,
@@ -129,6 +144,8 @@ struct Lane {
 struct Queue {
     lanes: HashMap<StreamKey, Lane, std::hash::BuildHasherDefault<KeyHasher>>,
     next_batch: BatchId,
+    /// The `seq` of the next release queued.
+    next_seq: u64,
     shutdown: bool,
     /// The background thread waits on `wake` (it found nothing queued for
     /// [`LINGER`]): the next release wakes it. Otherwise it polls and finds releases
@@ -295,12 +312,14 @@ fn defer<K: Send + 'static>(
         };
         stats::count(Counter::ReleasesDeferred, 1);
         let parked = std::mem::take(&mut q.parked);
+        let seq = q.next_seq;
+        q.next_seq += 1;
         let lane = q.lanes.entry(stream_key(stream)).or_insert_with(|| Lane {
             stream: stream.clone(),
             queued: VecDeque::new(),
             taken: Vec::new(),
         });
-        lane.queued.push_back(Pending { event, keep_alive: Box::new(keep_alive), home });
+        lane.queued.push_back(Pending { event, seq, keep_alive: KeepAlive::new(keep_alive), home });
         r.pending.fetch_add(1, Ordering::Relaxed);
         parked
     };
@@ -362,9 +381,21 @@ fn keep_polling() {
     }
 }
 
+/// The background thread's sweeps, at most one per this interval (default
+/// [`MIN_POLL`], or `HANDOFF_REAPER_POLL_US` microseconds, read once).
+fn min_poll() -> Duration {
+    static MIN: OnceLock<Duration> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("HANDOFF_REAPER_POLL_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .map_or(MIN_POLL, Duration::from_micros)
+    })
+}
+
 fn run() {
     let r = reaper();
-    let mut backoff = Duration::from_micros(5);
+    let mut backoff = min_poll();
     let mut last_work = Instant::now();
     loop {
         {
@@ -386,50 +417,129 @@ fn run() {
         }
         // Deferred releases go to their homes; what waited there too long is dropped here.
         if sweep(r, Deliver::Home) + home::take_all(home::STALE) == 0 {
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(MAX_POLL);
+            backoff = (backoff * 2).min(MAX_POLL.max(min_poll()));
         } else {
             last_work = Instant::now();
-            backoff = Duration::from_micros(5);
+            backoff = min_poll();
         }
+        // Even after a sweep that found work: each sweep's queries and wake-up slow the
+        // threads that make hand-offs (their CUDA calls wait for the driver while it
+        // queries), so sweeps stay [`MIN_POLL`] apart.
+        std::thread::sleep(backoff);
     }
 }
 
-/// Takes out of the queue, without blocking, every release whose event has completed
-/// (and every one whose query failed, to leak it), and does them. Returns how many
-/// it took.
+/// How many of a lane's oldest releases one sweep asks about, when its newest is not
+/// done yet.
+const ASKED_PER_SWEEP: usize = 16;
+
+/// Takes out of the queue every release whose event has completed (and every one whose
+/// query failed, to leak it), and does them. Returns how many it took. Never blocks.
+///
+/// The events are asked with no lock held, so a thread that queues a release (and
+/// records its event under the lock) never waits for a query. Each lane's newest
+/// release is asked first (events of a stream complete in order: if it is done, all
+/// are), then, if it is not, its oldest ones in order until one is not done. An
+/// answer covers the releases up to the one asked (by `seq`), and only those still
+/// queued are taken: a flush may have taken them meanwhile, and given their events
+/// back for reuse, but it takes a lane's releases oldest first, so the ones left
+/// are all newer than any it took, and an answer about a reused event covers none.
 fn sweep(r: &Reaper, deliver: Deliver) -> usize {
+    let asks: Vec<(StreamKey, Vec<(u64, EventProbe)>)> = {
+        let q = lock(r);
+        q.lanes
+            .iter()
+            .filter_map(|(key, lane)| {
+                let newest = lane.queued.back()?;
+                let oldest = lane.queued.iter().take(ASKED_PER_SWEEP.min(lane.queued.len() - 1));
+                let asked = std::iter::once(newest).chain(oldest).map(|p| (p.seq, p.event.probe())).collect();
+                Some((*key, asked))
+            })
+            .collect()
+    };
+    if asks.is_empty() {
+        return 0;
+    }
+    // With no lock held: which releases of each lane are done (or failed).
+    let answers: Vec<(StreamKey, Answer)> = asks
+        .into_iter()
+        .filter_map(|(key, asked)| {
+            let answer = ask(&asked);
+            (!matches!(&answer, Answer::Walked(w) if w.is_empty())).then_some((key, answer))
+        })
+        .collect();
     let batches: Vec<Batch> = {
         let mut q = lock(r);
-        let mut found: Vec<(StreamKey, Vec<(Pending, Outcome)>)> = Vec::new();
-        for (key, lane) in q.lanes.iter_mut() {
+        let mut batches = Vec::new();
+        for (key, answer) in answers {
+            let Some(lane) = q.lanes.get_mut(&key) else { continue };
             let mut items = Vec::new();
-            // Only queries run under the lock, and they never block.
-            while let Some(front) = lane.queued.front() {
-                let outcome = match query(&front.event) {
-                    Ok(true) => Outcome::Release,
-                    Ok(false) => break,
-                    Err(e) => Outcome::Leak(format!(
-                        "querying the release event {:?} on {:?} failed ({e})",
-                        front.event, lane.stream
-                    )),
+            while let Some(p) = lane.queued.front() {
+                let outcome = match &answer {
+                    Answer::AllUpTo(seq) if p.seq <= *seq => Outcome::Release,
+                    Answer::Walked(walked) => match walked.iter().find(|(seq, _)| *seq == p.seq) {
+                        Some((_, None)) => Outcome::Release,
+                        Some((_, Some(e))) => Outcome::Leak(format!(
+                            "querying the release event {:?} on {:?} failed ({e})",
+                            p.event, lane.stream
+                        )),
+                        None => break,
+                    },
+                    Answer::AllUpTo(_) => break,
                 };
                 items.extend(lane.queued.pop_front().map(|p| (p, outcome)));
             }
             if !items.is_empty() {
-                found.push((*key, items));
+                let id = q.open_batch(key, items.len());
+                batches.push(Batch { key, id, items });
             }
         }
-        found
-            .into_iter()
-            .map(|(key, items)| Batch { key, id: q.open_batch(key, items.len()), items })
-            .collect()
+        batches
     };
     let n = batches.iter().map(|b| b.items.len()).sum();
     for b in batches {
         perform(r, b, deliver);
     }
     n
+}
+
+/// What a sweep learned of one lane.
+enum Answer {
+    /// Its releases up to this `seq` are done (the newest asked was).
+    AllUpTo(u64),
+    /// Its oldest releases, each done (`None`) or failed (why), in order, up to the
+    /// first that is not done.
+    Walked(Vec<(u64, Option<String>)>),
+}
+
+/// Asks a lane's newest release, then (if it is not done) its oldest ones in order
+/// until one is not done; a failed query leaks that release only, except the newest's
+/// when older ones can still be asked.
+fn ask(asked: &[(u64, EventProbe)]) -> Answer {
+    let Some(((newest, probe), oldest)) = asked.split_first() else { return Answer::Walked(Vec::new()) };
+    match query_probe(probe) {
+        Ok(true) => return Answer::AllUpTo(*newest),
+        Err(e) if oldest.is_empty() => return Answer::Walked(vec![(*newest, Some(e))]),
+        _ => {}
+    }
+    let mut walked = Vec::new();
+    for (seq, probe) in oldest {
+        match query_probe(probe) {
+            Ok(true) => walked.push((*seq, None)),
+            Ok(false) => break,
+            Err(e) => walked.push((*seq, Some(e))),
+        }
+    }
+    Answer::Walked(walked)
+}
+
+/// [`query`] through a probe.
+fn query_probe(probe: &EventProbe) -> Result<bool, String> {
+    match catch_unwind(AssertUnwindSafe(|| probe.query())) {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the backend panicked".into()),
+    }
 }
 
 /// Where a done release's keep-alive is dropped.
@@ -451,7 +561,7 @@ fn perform(r: &Reaper, batch: Batch, deliver: Deliver) {
         match outcome {
             Outcome::Release => {
                 match deliver {
-                    Deliver::Home => home::give_boxed(p.home, p.keep_alive),
+                    Deliver::Home => home::give_erased(p.home, p.keep_alive),
                     Deliver::Here => drop_quietly(p.keep_alive),
                 }
                 released += 1;
@@ -601,6 +711,7 @@ pub fn released() -> u64 {
     REAPER.get().map_or(0, |r| r.released.load(Ordering::Relaxed))
 }
 
+mod erased;
 mod exit;
 mod home;
 #[cfg(test)]

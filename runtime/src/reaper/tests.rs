@@ -651,3 +651,40 @@ fn a_flush_inside_a_given_back_drop_does_not_wait_for_itself() {
     });
     assert!(done, "a flush inside a given-back keep-alive's drop waited for itself");
 }
+
+#[test]
+fn a_sweep_takes_the_releases_whose_work_is_done_and_no_newer_one() {
+    use crate::mock::{Kernel, Mock};
+    let mock = Mock::new();
+    let s = mock.stream(0, "swept");
+    let (first, first_done) = flag();
+    let (second, second_done) = flag();
+    let (third, third_done) = flag();
+    mock.launch(&s, Kernel::new("one").micros(10));
+    release_after(Some(&s), first);
+    mock.launch(&s, Kernel::new("two").micros(10));
+    release_after(Some(&s), second);
+    mock.launch(&s, Kernel::new("three").micros(10));
+    release_after(Some(&s), third);
+    // Several sweeps with nothing done: nothing released.
+    std::thread::sleep(MIN_POLL * 10);
+    take_returns();
+    assert!(!first_done.load(Ordering::SeqCst) && !second_done.load(Ordering::SeqCst));
+    // The first kernel done: its release only (the newest is not done, so the sweep
+    // walks the oldest ones); it comes home and is dropped at this thread's next take.
+    mock.advance(10_000);
+    assert!(eventually(Duration::from_secs(5), || {
+        take_returns();
+        first_done.load(Ordering::SeqCst)
+    }));
+    std::thread::sleep(MIN_POLL * 10);
+    take_returns();
+    assert!(!second_done.load(Ordering::SeqCst), "released before its work was done");
+    assert!(!third_done.load(Ordering::SeqCst), "released before its work was done");
+    // All done: the newest answers for both that are left.
+    mock.advance(20_000);
+    assert!(eventually(Duration::from_secs(5), || {
+        take_returns();
+        second_done.load(Ordering::SeqCst) && third_done.load(Ordering::SeqCst)
+    }));
+}
