@@ -26,6 +26,7 @@
 //! ```text
 //! cargo xtask gpu-bundle --only handoff-examples   # then gpu-bundle/run.sh on the H200
 //! pipeline_gpu [--sizes 4096,256] [--iters 50] [--reps 7] [--samples 10000] [--trials 10]
+//! pipeline_gpu --loop call|floor [--loop-secs 10] [--sizes 256]   # for a sampling profiler
 //! ```
 
 #[path = "pipeline_gpu/floor.rs"]
@@ -107,10 +108,15 @@ struct Args {
     reps: usize,
     samples: usize,
     trials: usize,
+    /// `--loop call|floor`: only repeat that kernel call for `--loop-secs` (for a
+    /// sampling profiler run around the process).
+    profile: Option<(bool, f64)>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { sizes: vec![4096, 256], iters: 50, reps: 7, samples: 10_000, trials: 10 };
+    let mut a =
+        Args { sizes: vec![4096, 256], iters: 50, reps: 7, samples: 10_000, trials: 10, profile: None };
+    let mut loop_secs = 10.0;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} takes a value"));
@@ -126,6 +132,16 @@ fn parse_args() -> Result<Args, String> {
             "--reps" => a.reps = num("--reps", value("--reps")?)?,
             "--samples" => a.samples = num("--samples", value("--samples")?)?,
             "--trials" => a.trials = num("--trials", value("--trials")?)?,
+            "--loop" => {
+                a.profile = match value("--loop")?.as_str() {
+                    "call" => Some((false, 0.0)),
+                    "floor" => Some((true, 0.0)),
+                    other => return Err(format!("--loop: {other:?} is neither call nor floor")),
+                }
+            }
+            "--loop-secs" => {
+                loop_secs = value("--loop-secs")?.parse::<f64>().map_err(|e| format!("--loop-secs: {e}"))?
+            }
             // What `cargo bench` passes to harness-less benches.
             "--bench" | "--" => {}
             other => return Err(format!("unknown argument {other:?}")),
@@ -133,6 +149,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.iters == 0 || a.reps == 0 || a.samples == 0 || a.trials == 0 {
         return Err("--iters, --reps, --samples and --trials must be at least 1".into());
+    }
+    if let Some((_, secs)) = &mut a.profile {
+        *secs = loop_secs;
     }
     Ok(a)
 }
@@ -157,6 +176,27 @@ fn main() -> ExitCode {
         }
         println!("SKIPPED: {why}");
         return ExitCode::SUCCESS;
+    }
+    if let Some((floor, secs)) = args.profile {
+        let n = args.sizes[0];
+        let looped = Pipeline::new(Backend::Cuda, Dtype::Bf16, n, 0).and_then(|p| {
+            let h = p.matmul(&p.initial_x(1)?)?;
+            floor::call_loop(&p, &h, floor, secs)
+        });
+        return match looped {
+            Ok(t) => {
+                let which = if floor { "the floor's call" } else { "the kernel call" };
+                println!(
+                    "loop {n}x{n}: {which}, {} calls, mean {:.2} us, median {:.2} us, wall per call {:.2} us",
+                    t.calls, t.mean, t.median, t.wall
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("pipeline_gpu: loop: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let mut ok = true;
     for &n in &args.sizes {

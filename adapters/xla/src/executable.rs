@@ -4,6 +4,7 @@ use crate::buffer::Buffer;
 use crate::client::{Client, ClientInner, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
+use crate::few::Few;
 use crate::hlo::{self, ArraySpec};
 use crate::result::executable::{RawList, all_positions};
 use crate::result::{self, Api};
@@ -308,7 +309,7 @@ impl Executable {
     pub fn execute(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
         self.check_inputs(inputs)?;
         let raw = RawList::of(inputs.iter().map(|b| b.raw()));
-        self.execute_raw(raw.as_slice(), &all_positions(inputs.len()))
+        Ok(self.execute_raw(raw.as_slice(), &all_positions(inputs.len()))?.into_iter().collect())
     }
 
     /// Executes on raw input buffers (checked by the caller, held by it for the
@@ -317,7 +318,7 @@ impl Executable {
         &self,
         raw_inputs: &[*mut sys::PJRT_Buffer],
         non_donatable: &[i64],
-    ) -> Result<Vec<Buffer>> {
+    ) -> Result<Few<Buffer>> {
         let api = self.client.api();
         let device = match self.device {
             Some(i) => self.client.devices[i].raw,
@@ -327,7 +328,7 @@ impl Executable {
         let outs = unsafe {
             result::executable::execute(api, self.raw, raw_inputs, self.outputs.len(), device, non_donatable)?
         };
-        let mut buffers = Vec::with_capacity(outs.as_slice().len());
+        let mut buffers = Few::with_capacity(outs.as_slice().len());
         let mut failed = None;
         for (&raw, spec) in outs.as_slice().iter().zip(&self.outputs) {
             if raw.is_null() {

@@ -40,6 +40,7 @@ pub mod dtype;
 mod error;
 pub mod exchange;
 mod executable;
+mod few;
 #[doc(hidden)]
 pub mod floor;
 pub mod hlo;
@@ -56,7 +57,7 @@ pub use error::{ErrorCode, Result, XlaError};
 pub use exchange::{Borrowed, CPU_ALIGNMENT, ViewOptions};
 pub use executable::{CompileOptions, Executable, Program};
 pub use hlo::ArraySpec;
-pub use kernel::{Args, AsIs, CallOptions, Imported, Inputs, Kernel, Output, Outputs, Source};
+pub use kernel::{Args, AsIs, CallOptions, Imported, Inputs, Kernel, Output, OutputBuffers, Outputs, Source};
 pub use options::{ClientOptions, OptionValue, Value};
 pub use plugin::{PLUGIN_ENV, Plugin};
 

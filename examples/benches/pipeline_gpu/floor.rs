@@ -21,6 +21,7 @@ use cudarc::driver::sys;
 use handoff::Export;
 use handoff_examples::model::{self, Pipeline, PipelineError};
 use handoff_torch::floor as torch_floor;
+use handoff_xla::CallOptions;
 use handoff_xla::floor as xla_floor;
 use std::time::{Duration, Instant};
 use tch::Tensor;
@@ -69,14 +70,6 @@ fn event() -> Result<sys::CUevent, PipelineError> {
     Ok(e)
 }
 
-/// An `on_delete_callback` that keeps PJRT's thread busy for half a microsecond.
-unsafe extern "C" fn spin_half_us(_data: *mut std::ffi::c_void, _arg: *mut std::ffi::c_void) {
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_nanos(500) {
-        std::hint::spin_loop();
-    }
-}
-
 /// Runs `a` and `b`, `a` first when `a_first`, and returns both results in that
 /// order whichever ran first.
 fn in_turns<A, B>(
@@ -110,6 +103,122 @@ fn timed<R>(into: &mut Vec<Duration>, f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// The bare framework calls of a kernel call on one tensor `h` (the floor's call),
+/// with what they need found once: its layout, the streams, an event for the raw
+/// record + wait pair.
+pub struct Bare<'a> {
+    p: &'a Pipeline,
+    h: &'a Tensor,
+    dtype: handoff::dtype::DataType,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    ready_raw: u64,
+    torch_raw: u64,
+    ev_order: sys::CUevent,
+}
+
+impl Drop for Bare<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, used by no one else; CUDA frees it once its last
+        // record completes.
+        unsafe { sys::cuEventDestroy_v2(self.ev_order) };
+    }
+}
+
+impl<'a> Bare<'a> {
+    /// For `h`, handed to `p`'s kernel and back to PyTorch's current stream.
+    pub fn new(p: &'a Pipeline, h: &'a Tensor) -> Result<Bare<'a>, PipelineError> {
+        let ready = p.xla_kernel().ready_stream();
+        let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
+        let torch_raw = handoff_torch::cuda::current_raw_stream(0)?;
+        // What describe gives a perfect adapter: the layout of `h`, once here.
+        let probe = handoff_torch::export(h, ready)?;
+        let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
+        drop(probe);
+        Ok(Bare { p, h, dtype, shape, strides, ready_raw, torch_raw, ev_order: event()? })
+    }
+
+    /// PyTorch's side of torch -> XLA ([`bare_export`]): `h`'s data pointer.
+    fn torch_export(&self) -> Result<*mut std::ffi::c_void, PipelineError> {
+        bare_export(self.h, self.ev_order, self.ready_raw)
+    }
+
+    /// The view of `ptr` (`h`'s memory) on XLA's ready stream.
+    fn view(&self, ptr: *mut std::ffi::c_void) -> Result<xla_floor::RawBuffer, PipelineError> {
+        let kernel = self.p.xla_kernel();
+        // SAFETY: `h` is live and of this layout while the caller's view is.
+        Ok(unsafe {
+            xla_floor::view(
+                self.p.client(),
+                kernel.device(),
+                ptr,
+                self.dtype,
+                &self.shape,
+                self.ready_raw,
+                None,
+            )
+        }?)
+    }
+
+    /// XLA's side of XLA -> torch, to PyTorch's stream: the buffer's data pointer.
+    fn xla_export(&self, b: &xla_floor::RawBuffer) -> Result<*mut std::ffi::c_void, PipelineError> {
+        Ok(xla_floor::export(self.p.client(), b, self.torch_raw)?)
+    }
+
+    /// PyTorch's side of XLA -> torch: PyTorch's stream and `from_blob` of `ptr`, of
+    /// `h`'s layout.
+    fn torch_view(&self, ptr: *mut std::ffi::c_void) -> Result<Tensor, PipelineError> {
+        let _ts = handoff_torch::cuda::current_raw_stream(0)?;
+        // SAFETY: a buffer's memory, of `h`'s layout, referenced until its release.
+        unsafe { torch_floor::from_blob(ptr, &self.shape, &self.strides, self.dtype, 0) }.map_err(shim)
+    }
+
+    /// The floor's kernel call on `h`: its time, up to the output tensor (then
+    /// dropped, and the output's reference given back).
+    pub fn call(&self) -> Result<Duration, PipelineError> {
+        let t0 = Instant::now();
+        let v = self.view(self.torch_export()?)?;
+        let outs = xla_floor::execute(self.p.xla_kernel().executable(), &[&v])?;
+        drop(v);
+        let t = self.torch_view(self.xla_export(&outs[0])?)?;
+        let d = t0.elapsed();
+        drop(t);
+        xla_floor::release(&outs[0])?;
+        drop(outs);
+        Ok(d)
+    }
+}
+
+/// Repeats a kernel call on `h` (handoff's when `floor` is false, else [`Bare::call`])
+/// for `secs` seconds, PJRT's queue kept short as in [`measure`]: a loop for a
+/// sampling profiler to run around, one process per side.
+pub fn call_loop(p: &Pipeline, h: &Tensor, floor: bool, secs: f64) -> Result<LoopTimes, PipelineError> {
+    let bare = Bare::new(p, h)?;
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut calls = Vec::new();
+    while Instant::now() < end {
+        calls.push(if floor { bare.call()? } else { timed_once(|| p.kernel(h))? });
+        if calls.len().is_multiple_of(8) {
+            p.synchronize();
+        }
+    }
+    p.synchronize();
+    let wall = start.elapsed().as_secs_f64() * 1e6 / calls.len().max(1) as f64;
+    let mean = calls.iter().sum::<Duration>().as_secs_f64() * 1e6 / calls.len().max(1) as f64;
+    Ok(LoopTimes { calls: calls.len(), mean, median: model::median_us(&mut calls), wall })
+}
+
+/// What [`call_loop`] measured: the calls made and their host time, µs.
+pub struct LoopTimes {
+    pub calls: usize,
+    pub mean: f64,
+    pub median: f64,
+    /// The loop's wall time per call (the call, the release of its output, and a
+    /// synchronize every eight calls).
+    pub wall: f64,
+}
+
 /// Measures every path `samples` times; `h` is PyTorch's tensor handed to XLA.
 /// Also returns the torch export step by step, timed in the same loop (its company:
 /// views, executions, releases), each sample beside the handoff and floor halves, and
@@ -125,25 +234,23 @@ pub fn measure<'p>(
     let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
     let torch_stream = handoff_torch::current_stream(handoff::Device::Cuda(0))?
         .ok_or_else(|| failed("PyTorch stream", "none"))?;
-    // What describe gives a perfect adapter: the layout of `h`, once here.
-    let probe = handoff_torch::export(h, ready)?;
-    let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
-    drop(probe);
+    let bare = Bare::new(p, h)?;
+    let (dtype, shape) = (bare.dtype, &bare.shape);
     // The XLA buffers handed back to PyTorch: one execution's output for handoff, and
     // another for the floor (PJRT's external references of one buffer must not be
     // changed from two threads at once, and handoff changes them on the reaper's).
     let hx = client.import(handoff_torch::export(h, ready)?)?;
     let y = exe.execute(&[&hx])?.remove(0);
-    let (ev_order, ev_release) = (event()?, event()?);
+    let ev_release = event()?;
     // A view kept for the bare execution.
     let h_ptr = torch_floor::describe(h).map_err(shim)?;
     // SAFETY: `h` is a live CUDA tensor of this layout, kept until the view is dropped.
-    let view_kept = unsafe { xla_floor::view(client, device, h_ptr, dtype, &shape, ready_raw, None) }?;
+    let view_kept = unsafe { xla_floor::view(client, device, h_ptr, dtype, shape, ready_raw, None) }?;
     let y_bare = xla_floor::execute(exe, &[&view_kept])?.remove(0);
     let mut steps = ExportSteps::new(p, h, samples)?;
     p.synchronize();
 
-    let mut d: [Vec<Duration>; 24] = std::array::from_fn(|_| Vec::with_capacity(samples));
+    let mut d: [Vec<Duration>; 26] = std::array::from_fn(|_| Vec::with_capacity(samples));
     let [
         to_xla_export,
         to_xla_export_f,
@@ -165,27 +272,18 @@ pub fn measure<'p>(
         composed_f,
         half,
         half_f,
-        busy,
-        busy_f,
+        direct,
+        direct_f,
+        named,
+        named_f,
         exec,
         exec_f,
     ] = &mut d;
-    // The bare torch -> XLA steps: PyTorch's side (its stream, describe, recordStream,
-    // the raw pair), then the view.
-    let bare_torch_export = || bare_export(h, ev_order, ready_raw);
-    let bare_view = |ptr| -> Result<xla_floor::RawBuffer, PipelineError> {
-        // SAFETY: `h` is live and of this layout while the view is (dropped in the loop).
-        Ok(unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw, None) }?)
-    };
-    // The bare XLA -> torch steps: the buffer's side, then PyTorch's (its stream, from_blob).
-    let bare_xla_export = |b: &xla_floor::RawBuffer| -> Result<*mut std::ffi::c_void, PipelineError> {
-        Ok(xla_floor::export(client, b, torch_stream_raw(&torch_stream))?)
-    };
-    let bare_from_blob = |ptr| -> Result<Tensor, PipelineError> {
-        let _ts = handoff_torch::cuda::current_raw_stream(0)?;
-        // SAFETY: the buffer's memory, of `h`'s layout, referenced until `release`.
-        unsafe { torch_floor::from_blob(ptr, &shape, &strides, dtype, 0) }.map_err(shim)
-    };
+    // The bare steps of each half (PyTorch's side, then XLA's; XLA's, then PyTorch's).
+    let bare_torch_export = || bare.torch_export();
+    let bare_view = |ptr| bare.view(ptr);
+    let bare_xla_export = |b: &xla_floor::RawBuffer| bare.xla_export(b);
+    let bare_from_blob = |ptr| bare.torch_view(ptr);
     let bare_release = |view: xla_floor::RawBuffer,
                         t: Tensor,
                         b: &xla_floor::RawBuffer|
@@ -247,29 +345,17 @@ pub fn measure<'p>(
             Ok(handoff_torch::import(out.export(&torch_stream)?)?)
         })
     };
-    // The floor's call, with the view `view` makes.
-    let floor_call_via =
-        |view: &dyn Fn(*mut std::ffi::c_void) -> Result<xla_floor::RawBuffer, PipelineError>| {
-            let t0 = Instant::now();
-            let v = view(bare_torch_export()?)?;
-            let outs = xla_floor::execute(exe, &[&v])?;
-            drop(v);
-            let t = bare_from_blob(bare_xla_export(&outs[0])?)?;
-            let d = t0.elapsed();
-            drop(t);
-            xla_floor::release(&outs[0])?;
-            drop(outs);
-            Ok::<_, PipelineError>(d)
-        };
-    let floor_call = || floor_call_via(&bare_view);
-    // The floor's call with a view whose `on_delete` keeps PJRT's thread busy for
-    // 0.5 µs (about what handoff's takes to post the hand-off home): whether work on
-    // PJRT's thread slows the calls that follow.
-    let busy_view = |ptr| -> Result<xla_floor::RawBuffer, PipelineError> {
-        // SAFETY: as `bare_view`; `spin_half_us` does not unwind.
-        Ok(unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw, Some(spin_half_us)) }?)
+    let floor_call = || bare.call();
+    // The kernel call from this crate rather than the pipeline's (where it is
+    // compiled), and with PyTorch's stream named for the output instead of taken from
+    // the input: whether either changes what the call costs beside the same calls
+    // composed by hand.
+    let handoff_direct =
+        || -> Result<Duration, PipelineError> { Ok(timed_once(|| kernel.call1::<_, _, Tensor, _>(h))?) };
+    let named_options = CallOptions::default().output_stream(torch_stream.clone());
+    let handoff_named = || -> Result<Duration, PipelineError> {
+        Ok(timed_once(|| kernel.call_with::<_, _, [Tensor; 1], _>(&named_options, [h]))?)
     };
-    let floor_call_busy = || floor_call_via(&busy_view);
     // The kernel call composed by hand from the public pieces, step by step, and its
     // floor the same way: which step of a call costs more than its bare calls, in a
     // call's own company (the output still being launched when it is exported).
@@ -346,17 +432,19 @@ pub fn measure<'p>(
         ] {
             v.push(d);
         }
-        // The whole kernel call, the same calls composed by hand (two ways) and the
-        // floor's call with a busy `on_delete`, each beside the floor's call, in the
-        // same turns, in an order that rotates every two samples (what runs just
-        // before a call changes what it costs); then the execution alone and its floor.
+        // The whole kernel call (from the pipeline, from here, with PyTorch's stream
+        // named) and the same calls composed by hand (two ways), each beside the
+        // floor's call, in the same turns, in an order that rotates every two samples
+        // (what runs just before a call changes what it costs); then the execution
+        // alone and its floor.
         let mut calls = [
             (&handoff_call as &dyn Fn() -> Result<Duration, PipelineError>, &mut *call, &mut *call_f),
             (&handoff_composed, &mut *composed, &mut *composed_f),
             (&handoff_half, &mut *half, &mut *half_f),
-            (&floor_call_busy, &mut *busy, &mut *busy_f),
+            (&handoff_direct, &mut *direct, &mut *direct_f),
+            (&handoff_named, &mut *named, &mut *named_f),
         ];
-        calls.rotate_left((i / 2) % 4);
+        calls.rotate_left((i / 2) % 5);
         for (handoff_side, v, vf) in calls {
             let (c, cf) = in_turns(handoff_first, handoff_side, &floor_call)?;
             v.push(c);
@@ -382,11 +470,8 @@ pub fn measure<'p>(
     drop(view_kept);
     drop(hx);
     drop(y);
-    // SAFETY: events created above, no longer used (the device is idle).
-    unsafe {
-        sys::cuEventDestroy_v2(ev_order);
-        sys::cuEventDestroy_v2(ev_release);
-    }
+    // SAFETY: created above, no longer used (the device is idle).
+    unsafe { sys::cuEventDestroy_v2(ev_release) };
     let m = |v: &mut Vec<Duration>| model::median_us(v);
     let row = |key, name, handoff: &mut Vec<Duration>, floor: &mut Vec<Duration>| {
         // Paired first: the medians sort the samples.
@@ -404,7 +489,8 @@ pub fn measure<'p>(
         row("kernel_call", "kernel call (hand-offs + execute)", call, call_f),
         row("kernel_call_composed", "  the same calls composed by hand", composed, composed_f),
         row("kernel_call_to_buffer", "  the call to a buffer, then to torch", half, half_f),
-        row("floor_call_busy_on_delete", "  the floor, on_delete busy 0.5 us", busy, busy_f),
+        row("kernel_call_direct", "  the call, from the bench's crate", direct, direct_f),
+        row("kernel_call_named", "  the call, PyTorch's stream named", named, named_f),
         row("execute", "execute alone", exec, exec_f),
     ];
     let [handoff_steps, floor_steps] = &mut call_steps;

@@ -8,6 +8,7 @@ use crate::client::XlaDevice;
 use crate::error::{Result, XlaError};
 use crate::exchange::ViewOptions;
 use crate::executable::check_spec;
+use crate::few::Few;
 use handoff_runtime::{Export, Exportable, Stream};
 use std::any::Any;
 
@@ -17,7 +18,7 @@ pub struct Inputs<'k> {
     pub(super) kernel: &'k Kernel,
     pub(super) options: &'k CallOptions,
     pub(super) index: usize,
-    pub(super) buffers: Vec<Buffer>,
+    pub(super) buffers: Few<Buffer>,
     /// Positions (in the program's arguments) of read-only inputs.
     pub(super) read_only: Vec<i64>,
     /// The stream of the first input that has one.

@@ -30,6 +30,7 @@ use crate::buffer::{self, Buffer};
 use crate::client::{Client, XlaDevice};
 use crate::error::{Result, XlaError};
 use crate::executable::{CompileOptions, Executable, Program, list};
+use crate::few::Few;
 use crate::hlo::ArraySpec;
 use crate::result::executable::{RawList, all_positions};
 use handoff_runtime::{Exportable, Stream};
@@ -39,7 +40,7 @@ mod inputs;
 mod outputs;
 
 pub use inputs::{Args, Inputs};
-pub use outputs::{AsIs, Imported, Output, Outputs};
+pub use outputs::{AsIs, Imported, Output, OutputBuffers, Outputs};
 
 /// A compiled program with its calling convention, callable on any exportable values.
 ///
@@ -309,7 +310,7 @@ impl Kernel {
             kernel: self,
             options,
             index: 0,
-            buffers: Vec::with_capacity(args.len() + 1),
+            buffers: Few::with_capacity(args.len() + 1),
             read_only: Vec::new(),
             stream: None,
         };
@@ -334,7 +335,7 @@ impl Kernel {
             (None, Some(s)) => s,
             (None, None) => self.ready.clone(),
         };
-        R::from_outputs(outs, &consumer)
+        R::from_outputs(OutputBuffers::new(outs), &consumer)
     }
 }
 

@@ -3,6 +3,7 @@
 
 use crate::buffer::Buffer;
 use crate::error::{Result, XlaError};
+use crate::few::Few;
 use handoff_runtime::{Export, Importable, Stream};
 use std::marker::PhantomData;
 
@@ -32,6 +33,35 @@ impl Output<AsIs> for Buffer {
     }
 }
 
+/// The output buffers of one execution, in order: an iterator that knows its length
+/// (those of most programs are kept in place, without an allocation).
+pub struct OutputBuffers {
+    len: usize,
+    buffers: <Few<Buffer> as IntoIterator>::IntoIter,
+}
+
+impl OutputBuffers {
+    pub(crate) fn new(buffers: Few<Buffer>) -> OutputBuffers {
+        OutputBuffers { len: buffers.len(), buffers: buffers.into_iter() }
+    }
+}
+
+impl Iterator for OutputBuffers {
+    type Item = Buffer;
+
+    fn next(&mut self) -> Option<Buffer> {
+        let b = self.buffers.next()?;
+        self.len -= 1;
+        Some(b)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.len, Some(self.len))
+    }
+}
+
+impl ExactSizeIterator for OutputBuffers {}
+
 /// The outputs of a call: an array `[Y; N]`, a `Vec<Y>`, or a tuple of up to four,
 /// each an [`Output`]. `Via` is inferred.
 pub trait Outputs<Via>: Sized {
@@ -39,13 +69,13 @@ pub trait Outputs<Via>: Sized {
     const COUNT: Option<usize>;
 
     /// Builds it from the program's outputs, consumed on `consumer`.
-    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self>;
+    fn from_outputs(buffers: OutputBuffers, consumer: &Stream) -> Result<Self>;
 }
 
 impl<Y: Output<W>, W, const N: usize> Outputs<W> for [Y; N] {
     const COUNT: Option<usize> = Some(N);
 
-    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
+    fn from_outputs(mut buffers: OutputBuffers, consumer: &Stream) -> Result<Self> {
         let got = buffers.len();
         let wrong = || XlaError::invalid("outputs", got, format!("{N} were expected"));
         if got != N {
@@ -53,7 +83,6 @@ impl<Y: Output<W>, W, const N: usize> Outputs<W> for [Y; N] {
         }
         // Each output converted in place (no list in between); the first error stops
         // the rest, which are dropped with `buffers`.
-        let mut buffers = buffers.into_iter();
         let mut failed = None;
         let outputs: [Option<Y>; N] = std::array::from_fn(|_| {
             let b = buffers.next().filter(|_| failed.is_none())?;
@@ -70,8 +99,8 @@ impl<Y: Output<W>, W, const N: usize> Outputs<W> for [Y; N] {
 impl<Y: Output<W>, W> Outputs<W> for Vec<Y> {
     const COUNT: Option<usize> = None;
 
-    fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
-        buffers.into_iter().map(|b| Y::from_output(b, consumer)).collect()
+    fn from_outputs(buffers: OutputBuffers, consumer: &Stream) -> Result<Self> {
+        buffers.map(|b| Y::from_output(b, consumer)).collect()
     }
 }
 
@@ -80,9 +109,8 @@ macro_rules! tuple_outputs {
         impl<$($y: Output<$w>, $w),*> Outputs<($($w,)*)> for ($($y,)*) {
             const COUNT: Option<usize> = Some($n);
 
-            fn from_outputs(buffers: Vec<Buffer>, consumer: &Stream) -> Result<Self> {
-                let got = buffers.len();
-                let mut it = buffers.into_iter();
+            fn from_outputs(mut it: OutputBuffers, consumer: &Stream) -> Result<Self> {
+                let got = it.len();
                 let out = ($($y::from_output(
                     it.next().ok_or_else(|| XlaError::invalid("outputs", got, format!("{} were expected", $n)))?,
                     consumer,

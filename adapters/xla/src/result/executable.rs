@@ -178,10 +178,21 @@ impl RawList {
     }
 
     /// The handles `handles` yields, in order.
-    pub(crate) fn of(handles: impl ExactSizeIterator<Item = *mut sys::PJRT_Buffer>) -> RawList {
-        let mut list = RawList::nulls(handles.len());
-        for (slot, h) in list.as_mut_slice().iter_mut().zip(handles) {
-            *slot = h;
+    pub(crate) fn of(handles: impl IntoIterator<Item = *mut sys::PJRT_Buffer>) -> RawList {
+        let mut list = RawList::nulls(0);
+        for h in handles {
+            match &mut list {
+                RawList::Inline { len, items } if *len < RawList::INLINE => {
+                    items[*len] = h;
+                    *len += 1;
+                }
+                RawList::Inline { len, items } => {
+                    let mut heap = items[..*len].to_vec();
+                    heap.push(h);
+                    list = RawList::Heap(heap);
+                }
+                RawList::Heap(heap) => heap.push(h),
+            }
         }
         list
     }
