@@ -35,6 +35,18 @@ impl Output<AsIs> for Buffer {
 
 /// The output buffers of one execution, in order: an iterator that knows its length
 /// (those of most programs are kept in place, without an allocation).
+///
+/// ```
+/// use handoff_xla::{Buffer, OutputBuffers, Outputs};
+/// /// A call's last output, whatever their number.
+/// struct Last(Option<Buffer>);
+/// impl Outputs<()> for Last {
+///     const COUNT: Option<usize> = None;
+///     fn from_outputs(buffers: OutputBuffers, _: &handoff_runtime::Stream) -> handoff_xla::Result<Last> {
+///         Ok(Last(buffers.last()))
+///     }
+/// }
+/// ```
 pub struct OutputBuffers {
     len: usize,
     buffers: <Few<Buffer> as IntoIterator>::IntoIter,
