@@ -40,18 +40,12 @@ pub fn ready_stream(client: &Client, device: &XlaDevice) -> Result<u64> {
     Ok(raw as u64)
 }
 
-/// PJRT's `on_delete_callback` of a view (its data pointer and its argument).
-pub type OnDelete = unsafe extern "C" fn(*mut c_void, *mut c_void);
-
 /// `PJRT_Client_CreateViewOfDeviceBuffer` of `data` with `stream`, as the import of a
-/// hand-off makes it, with `on_delete` as PJRT's `on_delete_callback` (its argument
-/// null; `None`: one that does nothing). A callback that works shows what work on
-/// PJRT's thread, when it lets go of the view, costs the calls that follow.
+/// hand-off makes it.
 ///
 /// # Safety
 /// `data` must be memory of `device` holding a compact row-major array of `shape` and
-/// `dtype`, valid (and written before work on `stream`) until the view is dropped;
-/// `on_delete` must not unwind.
+/// `dtype`, valid (and written before work on `stream`) until the view is dropped.
 pub unsafe fn view(
     client: &Client,
     device: &XlaDevice,
@@ -59,12 +53,11 @@ pub unsafe fn view(
     dtype: DataType,
     shape: &[i64],
     stream: u64,
-    on_delete: Option<OnDelete>,
 ) -> Result<RawBuffer> {
     let t = dtype::to_pjrt(dtype)
         .ok_or_else(|| XlaError::invalid("dtype", handoff_runtime::dtype::name(dtype), "no PJRT type"))?;
     let api = client.inner.api();
-    // SAFETY: forwarded from the caller; the callback does not unwind.
+    // SAFETY: forwarded from the caller; the callback does nothing.
     let raw = unsafe {
         result::client::create_view_of_device_buffer(
             api,
@@ -74,7 +67,7 @@ pub unsafe fn view(
             t,
             shape,
             stream as isize,
-            on_delete.unwrap_or(nothing_to_release),
+            nothing_to_release,
             std::ptr::null_mut(),
         )?
     };

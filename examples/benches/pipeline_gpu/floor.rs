@@ -103,16 +103,37 @@ fn timed<R>(into: &mut Vec<Duration>, f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// XLA's ready stream of `p`'s kernel, as the bare calls name it.
+fn ready_raw(p: &Pipeline) -> Result<u64, PipelineError> {
+    handoff::cuda::raw_stream(p.xla_kernel().ready_stream())
+        .map(|(_, raw)| raw)
+        .ok_or_else(|| failed("ready stream", "not CUDA"))
+}
+
+/// What describe gives a perfect adapter for tensors of `h`'s layout, read once here
+/// (dtype, shape, strides), and the ready stream they are handed to.
+struct Layout {
+    ready_raw: u64,
+    dtype: handoff::dtype::DataType,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+}
+
+impl Layout {
+    fn of(p: &Pipeline, h: &Tensor) -> Result<Layout, PipelineError> {
+        let probe = handoff_torch::export(h, p.xla_kernel().ready_stream())?;
+        let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
+        Ok(Layout { ready_raw: ready_raw(p)?, dtype, shape, strides })
+    }
+}
+
 /// The bare framework calls of a kernel call on one tensor `h` (the floor's call),
 /// with what they need found once: its layout, the streams, an event for the raw
 /// record + wait pair.
 pub struct Bare<'a> {
     p: &'a Pipeline,
     h: &'a Tensor,
-    dtype: handoff::dtype::DataType,
-    shape: Vec<i64>,
-    strides: Vec<i64>,
-    ready_raw: u64,
+    layout: Layout,
     torch_raw: u64,
     ev_order: sys::CUevent,
 }
@@ -128,36 +149,20 @@ impl Drop for Bare<'_> {
 impl<'a> Bare<'a> {
     /// For `h`, handed to `p`'s kernel and back to PyTorch's current stream.
     pub fn new(p: &'a Pipeline, h: &'a Tensor) -> Result<Bare<'a>, PipelineError> {
-        let ready = p.xla_kernel().ready_stream();
-        let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
         let torch_raw = handoff_torch::cuda::current_raw_stream(0)?;
-        // What describe gives a perfect adapter: the layout of `h`, once here.
-        let probe = handoff_torch::export(h, ready)?;
-        let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
-        drop(probe);
-        Ok(Bare { p, h, dtype, shape, strides, ready_raw, torch_raw, ev_order: event()? })
+        Ok(Bare { p, h, layout: Layout::of(p, h)?, torch_raw, ev_order: event()? })
     }
 
     /// PyTorch's side of torch -> XLA ([`bare_export`]): `h`'s data pointer.
     fn torch_export(&self) -> Result<*mut std::ffi::c_void, PipelineError> {
-        bare_export(self.h, self.ev_order, self.ready_raw)
+        bare_export(self.h, self.ev_order, self.layout.ready_raw)
     }
 
     /// The view of `ptr` (`h`'s memory) on XLA's ready stream.
     fn view(&self, ptr: *mut std::ffi::c_void) -> Result<xla_floor::RawBuffer, PipelineError> {
-        let kernel = self.p.xla_kernel();
+        let (kernel, l) = (self.p.xla_kernel(), &self.layout);
         // SAFETY: `h` is live and of this layout while the caller's view is.
-        Ok(unsafe {
-            xla_floor::view(
-                self.p.client(),
-                kernel.device(),
-                ptr,
-                self.dtype,
-                &self.shape,
-                self.ready_raw,
-                None,
-            )
-        }?)
+        Ok(unsafe { xla_floor::view(self.p.client(), kernel.device(), ptr, l.dtype, &l.shape, l.ready_raw) }?)
     }
 
     /// XLA's side of XLA -> torch, to PyTorch's stream: the buffer's data pointer.
@@ -169,8 +174,9 @@ impl<'a> Bare<'a> {
     /// `h`'s layout.
     fn torch_view(&self, ptr: *mut std::ffi::c_void) -> Result<Tensor, PipelineError> {
         let _ts = handoff_torch::cuda::current_raw_stream(0)?;
+        let l = &self.layout;
         // SAFETY: a buffer's memory, of `h`'s layout, referenced until its release.
-        unsafe { torch_floor::from_blob(ptr, &self.shape, &self.strides, self.dtype, 0) }.map_err(shim)
+        unsafe { torch_floor::from_blob(ptr, &l.shape, &l.strides, l.dtype, 0) }.map_err(shim)
     }
 
     /// The floor's kernel call on `h`: its time, up to the output tensor (then
@@ -229,13 +235,11 @@ pub fn measure<'p>(
     samples: usize,
 ) -> Result<(Vec<Row>, ExportSteps<'p>, CallSteps), PipelineError> {
     let kernel = p.xla_kernel();
-    let (client, device, exe) = (p.client(), kernel.device(), kernel.executable());
+    let (client, exe) = (p.client(), kernel.executable());
     let ready = kernel.ready_stream();
-    let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
     let torch_stream = handoff_torch::current_stream(handoff::Device::Cuda(0))?
         .ok_or_else(|| failed("PyTorch stream", "none"))?;
     let bare = Bare::new(p, h)?;
-    let (dtype, shape) = (bare.dtype, &bare.shape);
     // The XLA buffers handed back to PyTorch: one execution's output for handoff, and
     // another for the floor (PJRT's external references of one buffer must not be
     // changed from two threads at once, and handoff changes them on the reaper's).
@@ -244,8 +248,7 @@ pub fn measure<'p>(
     let ev_release = event()?;
     // A view kept for the bare execution.
     let h_ptr = torch_floor::describe(h).map_err(shim)?;
-    // SAFETY: `h` is a live CUDA tensor of this layout, kept until the view is dropped.
-    let view_kept = unsafe { xla_floor::view(client, device, h_ptr, dtype, shape, ready_raw, None) }?;
+    let view_kept = bare.view(h_ptr)?;
     let y_bare = xla_floor::execute(exe, &[&view_kept])?.remove(0);
     let mut steps = ExportSteps::new(p, h, samples)?;
     p.synchronize();
@@ -531,10 +534,7 @@ fn torch_stream_raw(s: &handoff::Stream) -> u64 {
 /// takes it: each step timed on its own.
 pub struct ExportSteps<'a> {
     ready: &'a handoff::Stream,
-    ready_raw: u64,
-    dtype: handoff::dtype::DataType,
-    shape: Vec<i64>,
-    strides: Vec<i64>,
+    layout: Layout,
     /// The bench's own event, for the raw pair timed beside `order`.
     event: sys::CUevent,
     d: [Vec<Duration>; 9],
@@ -567,13 +567,13 @@ impl<'a> ExportSteps<'a> {
 
     /// For tensors of `h`'s layout, handed to `p`'s kernel's ready stream.
     pub fn new(p: &'a Pipeline, h: &Tensor, samples: usize) -> Result<ExportSteps<'a>, PipelineError> {
-        let ready = p.xla_kernel().ready_stream();
-        let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
-        let probe = handoff_torch::export(h, ready)?;
-        let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
-        drop(probe);
         let d = std::array::from_fn(|_| Vec::with_capacity(samples));
-        Ok(ExportSteps { ready, ready_raw, dtype, shape, strides, event: event()?, d })
+        Ok(ExportSteps {
+            ready: p.xla_kernel().ready_stream(),
+            layout: Layout::of(p, h)?,
+            event: event()?,
+            d,
+        })
     }
 
     /// Exports `h` once, step by step, and releases it.
@@ -589,7 +589,7 @@ impl<'a> ExportSteps<'a> {
             // SAFETY: a live event and two streams of the primary context.
             unsafe {
                 sys::cuEventRecord(self.event, torch_raw as usize as sys::CUstream);
-                sys::cuStreamWaitEvent(self.ready_raw as usize as sys::CUstream, self.event, 0);
+                sys::cuStreamWaitEvent(self.layout.ready_raw as usize as sys::CUstream, self.event, 0);
             }
         });
         timed(ctx, || {
@@ -598,9 +598,9 @@ impl<'a> ExportSteps<'a> {
             unsafe { sys::cuCtxGetCurrent(&mut current) };
             std::hint::black_box(current);
         });
-        timed(record, || torch_floor::record_stream(&c, 0, self.ready_raw)).map_err(shim)?;
+        timed(record, || torch_floor::record_stream(&c, 0, self.layout.ready_raw)).map_err(shim)?;
         let ptr = torch_floor::describe(&c).map_err(shim)?;
-        let (dtype, shape, strides) = (self.dtype, &self.shape, &self.strides);
+        let (dtype, shape, strides) = (self.layout.dtype, &self.layout.shape, &self.layout.strides);
         let handoff = timed(wrap, || {
             Handoff::with_keep_alive(
                 c,
@@ -656,7 +656,7 @@ pub fn torch_export_steps(
 ) -> Result<Vec<(&'static str, f64)>, PipelineError> {
     let mut steps = ExportSteps::new(p, h, samples)?;
     let ready = p.xla_kernel().ready_stream();
-    let ready_raw = steps.ready_raw;
+    let ready_raw = steps.layout.ready_raw;
     let ev = event()?;
     let (mut whole, mut bare) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
     for i in 0..samples {
@@ -758,7 +758,7 @@ pub fn torch_export_in_company(
 ) -> Result<(f64, f64), PipelineError> {
     use std::sync::atomic::{AtomicBool, Ordering};
     let ready = p.xla_kernel().ready_stream();
-    let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
+    let ready_raw = ready_raw(p)?;
     let side = handoff_torch::cuda::stream_from_pool(0, false)?;
     // SAFETY: one of PyTorch's pool streams, which live as long as the process.
     let side = unsafe { handoff::cuda::stream(0, side) }?;
@@ -844,11 +844,7 @@ pub fn pipeline_ms(
 ) -> Result<(f64, f64), PipelineError> {
     let kernel = p.xla_kernel();
     let (client, device, exe) = (p.client(), kernel.device(), kernel.executable());
-    let ready = kernel.ready_stream();
-    let ready_raw = handoff::cuda::raw_stream(ready).ok_or_else(|| failed("ready stream", "not CUDA"))?.1;
-    let probe = handoff_torch::export(x0, ready)?;
-    let (dtype, shape, strides) = (probe.dtype(), probe.shape().to_vec(), probe.strides().to_vec());
-    drop(probe);
+    let Layout { ready_raw, dtype, shape, strides } = Layout::of(p, x0)?;
     let (ev_order, ev_release) = (event()?, event()?);
     let torch_stream = handoff_torch::current_stream(handoff::Device::Cuda(0))?
         .ok_or_else(|| failed("PyTorch stream", "none"))?;
@@ -863,7 +859,7 @@ pub fn pipeline_ms(
         let ptr = bare_export(&h, ev_order, ready_raw)?;
         // SAFETY: `h` is a live CUDA tensor of this layout (the matmul keeps `x`'s),
         // kept until the view is dropped below; `recordStream` covers XLA's use.
-        let view = unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw, None) }?;
+        let view = unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw) }?;
         let outs = xla_floor::execute(exe, &[&view])?;
         drop(view);
         let torch_raw = handoff_torch::cuda::current_raw_stream(0)?;
