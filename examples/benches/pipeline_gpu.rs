@@ -26,7 +26,7 @@
 //! ```text
 //! cargo xtask gpu-bundle --only handoff-examples   # then gpu-bundle/run.sh on the H200
 //! pipeline_gpu [--sizes 4096,256] [--iters 50] [--reps 7] [--samples 10000] [--trials 10]
-//! pipeline_gpu --loop call|floor [--loop-secs 10] [--sizes 256]   # for a sampling profiler
+//! pipeline_gpu --loop call|floor|export|export-floor|to-xla|to-xla-floor [--loop-secs 10] [--sizes 256]   # for a sampling profiler
 //! ```
 
 #[path = "pipeline_gpu/floor.rs"]
@@ -108,9 +108,9 @@ struct Args {
     reps: usize,
     samples: usize,
     trials: usize,
-    /// `--loop call|floor`: only repeat that kernel call for `--loop-secs` (for a
-    /// sampling profiler run around the process).
-    profile: Option<(bool, f64)>,
+    /// `--loop call|floor|export|export-floor|to-xla|to-xla-floor`: only repeat that
+    /// path for `--loop-secs` (for a sampling profiler run around the process).
+    profile: Option<(floor::Looped, f64)>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -133,11 +133,14 @@ fn parse_args() -> Result<Args, String> {
             "--samples" => a.samples = num("--samples", value("--samples")?)?,
             "--trials" => a.trials = num("--trials", value("--trials")?)?,
             "--loop" => {
-                a.profile = match value("--loop")?.as_str() {
-                    "call" => Some((false, 0.0)),
-                    "floor" => Some((true, 0.0)),
-                    other => return Err(format!("--loop: {other:?} is neither call nor floor")),
-                }
+                let name = value("--loop")?;
+                let looped = floor::Looped::ALL.into_iter().find(|l| l.name() == name);
+                a.profile = Some((
+                    looped.ok_or_else(|| {
+                        format!("--loop: {name:?} is none of {:?}", floor::Looped::ALL.map(|l| l.name()))
+                    })?,
+                    0.0,
+                ));
             }
             "--loop-secs" => {
                 loop_secs = value("--loop-secs")?.parse::<f64>().map_err(|e| format!("--loop-secs: {e}"))?
@@ -177,18 +180,21 @@ fn main() -> ExitCode {
         println!("SKIPPED: {why}");
         return ExitCode::SUCCESS;
     }
-    if let Some((floor, secs)) = args.profile {
+    if let Some((which, secs)) = args.profile {
         let n = args.sizes[0];
         let looped = Pipeline::new(Backend::Cuda, Dtype::Bf16, n, 0).and_then(|p| {
             let h = p.matmul(&p.initial_x(1)?)?;
-            floor::call_loop(&p, &h, floor, secs)
+            floor::repeat(&p, &h, which, secs)
         });
         return match looped {
             Ok(t) => {
-                let which = if floor { "the floor's call" } else { "the kernel call" };
                 println!(
-                    "loop {n}x{n}: {which}, {} calls, mean {:.2} us, median {:.2} us, wall per call {:.2} us",
-                    t.calls, t.mean, t.median, t.wall
+                    "loop {n}x{n}: {}, {} calls, mean {:.2} us, median {:.2} us, wall per call {:.2} us",
+                    which.name(),
+                    t.calls,
+                    t.mean,
+                    t.median,
+                    t.wall
                 );
                 ExitCode::SUCCESS
             }

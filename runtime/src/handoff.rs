@@ -180,7 +180,42 @@ impl Handoff {
         ready: Ready,
         release: Release,
     ) -> Result<Handoff> {
-        let (laid, device) = lay_out(&describe(&keep_alive)?, managed::owner_words::<K>())?;
+        let laid = lay_out(&describe(&keep_alive)?, managed::owner_words::<K>())?;
+        Handoff::wrap(keep_alive, laid, consumer, ready, release)
+    }
+
+    /// [`with_keep_alive`](Self::with_keep_alive) for a description read beforehand,
+    /// into values of its own: `keep_alive` holds the memory `desc` describes,
+    /// unchanged, until the consumer is done. A keep-alive that needs to hold only
+    /// the framework's handle (not its description too) keeps the hand-off small.
+    ///
+    /// ```
+    /// use handoff_runtime::{Device, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType};
+    /// let data = vec![1.0f32, 2.0, 3.0];
+    /// let shape = [3i64];
+    /// let desc = TensorDesc::new(data.as_ptr() as *mut _, Device::Host, DataType::F32, &shape[..]);
+    /// let h = Handoff::from_desc(data, &desc, &Stream::host(), Ready::Elided, Release::AfterConsumer).unwrap();
+    /// assert_eq!(h.shape(), &[3]);
+    /// ```
+    pub fn from_desc<K: Send + 'static>(
+        keep_alive: K,
+        desc: &TensorDesc<'_>,
+        consumer: &Stream,
+        ready: Ready,
+        release: Release,
+    ) -> Result<Handoff> {
+        let laid = lay_out(desc, managed::owner_words::<K>())?;
+        Handoff::wrap(keep_alive, laid, consumer, ready, release)
+    }
+
+    /// Moves `keep_alive` into the tensor [`lay_out`] made room for.
+    fn wrap<K: Send + 'static>(
+        keep_alive: K,
+        (laid, device): (managed::Laid, Device),
+        consumer: &Stream,
+        ready: Ready,
+        release: Release,
+    ) -> Result<Handoff> {
         let prepared = managed::Prepared::<K>::for_owner(laid);
         let owner = Owner {
             head: Head {
@@ -292,6 +327,35 @@ impl Handoff {
         let mut this = ManuallyDrop::new(self);
         // SAFETY: taken once; `this` is never dropped, so `Drop` does not take it again.
         unsafe { ManuallyDrop::take(&mut this.managed) }.into_raw()
+    }
+
+    /// Releases a hand-off that [`into_raw`](Self::into_raw) gave up, as dropping it
+    /// would have: its deleter runs on the thread that made it (the tensor is given
+    /// back there when this runs on another), and the producer's keep-alive goes after
+    /// the consumer's queued work when the hand-off asked for that. For adapters that
+    /// pass a hand-off through a C callback's one context pointer (PJRT's
+    /// `on_delete_callback`, PyTorch's storage deleter) instead of boxing it.
+    ///
+    /// ```
+    /// use handoff_runtime::{Export, Handoff, Stream, mock::Mock};
+    /// let mock = Mock::new();
+    /// let s = mock.stream(0, "s");
+    /// let raw = mock.tensor_f32(&s, "x", &[2], &[1.0, 2.0]).export(&s).unwrap().into_raw();
+    /// // SAFETY: from `into_raw`, released once.
+    /// unsafe { Handoff::release_raw(raw) };
+    /// ```
+    ///
+    /// # Safety
+    /// `ptr` must come from [`into_raw`](Self::into_raw), and neither this nor its
+    /// deleter may have run on it yet.
+    pub unsafe fn release_raw(ptr: *mut DLManagedTensorVersioned) {
+        // SAFETY: a hand-off's own tensor (the caller's promise): version checked when
+        // it was made, owned from here on.
+        let Ok(managed) = (unsafe { Managed::from_raw(ptr) }) else { return };
+        // SAFETY: every hand-off's context is an `Owner` (`repr(C)`, its `Head` first),
+        // alive until the deleter runs, which only dropping `managed` does.
+        let home = unsafe { (*((*ptr).manager_ctx as *const Head)).home };
+        reaper::give_home(home, Returning { _tensor: managed });
     }
 
     /// The raw DLPack pointer, still owned by `self`.

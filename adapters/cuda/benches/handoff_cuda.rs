@@ -20,6 +20,8 @@
 //!
 //! Prints `SKIPPED: <reason>` and exits 0 without a CUDA device (1 when
 //! `HANDOFF_REQUIRE_GPU=1`). Run: `cargo bench -p handoff-cuda`, or the GPU bundle.
+//! `--loop same|cross|raw [--loop-secs S]` only repeats that hand-off one at a time
+//! (or the raw pair) for a sampling profiler run around the process.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -58,12 +60,51 @@ fn time(f: impl FnOnce()) -> f64 {
     t.elapsed().as_nanos() as f64
 }
 
+/// `--loop same|cross|raw [--loop-secs S]`: the path to repeat and for how long.
+fn loop_args() -> Option<(String, f64)> {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1));
+    let which = value("--loop")?.clone();
+    let secs = value("--loop-secs").and_then(|s| s.parse().ok()).unwrap_or(4.0);
+    Some((which, secs))
+}
+
 fn main() {
     let Some(g) = common::gpu("bench") else {
         return;
     };
     let (p, c) = (g.ctx.new_stream().unwrap(), g.ctx.new_stream().unwrap());
     let (ps, cs) = (stream_of(&p).unwrap(), stream_of(&c).unwrap());
+    if let Some((which, secs)) = loop_args() {
+        let e = common::event();
+        let consumer = if which == "same" { &ps } else { &cs };
+        let end = Instant::now() + std::time::Duration::from_secs_f64(secs);
+        let mut ns = Vec::new();
+        while Instant::now() < end {
+            // Made just before and dropped just after (untimed), as one at a time below.
+            let x = CudaTensor::new(p.alloc_zeros::<f32>(256).unwrap(), &[16, 16]).unwrap();
+            let t0 = Instant::now();
+            let y = if which == "raw" {
+                // SAFETY: a live event and streams of the current (primary) context.
+                unsafe {
+                    sys::cuEventRecord(e, p.cu_stream());
+                    sys::cuStreamWaitEvent(c.cu_stream(), e, 0);
+                }
+                None
+            } else {
+                Some(x.export(consumer).unwrap().import::<CudaTensor<f32>>().unwrap())
+            };
+            ns.push(t0.elapsed().as_nanos() as f64);
+            drop(y);
+            if ns.len() % 4096 == 0 {
+                p.synchronize().unwrap();
+            }
+        }
+        reaper::flush();
+        let s = summarize_after("loop", ns, 0);
+        println!("loop {which}: median {:.0} ns (p10 {:.0}, p90 {:.0})", s.median, s.p10, s.p90);
+        return;
+    }
     let total = WARM + N;
     let mut results = Vec::new();
 

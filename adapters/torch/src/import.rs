@@ -61,31 +61,34 @@ pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<tch::Ten
     Ok(tensor)
 }
 
-/// What the import's storage owns: the hand-off, released when the storage dies,
-/// once the work queued on `release` (PyTorch's stream) is done.
+/// What the import's storage owns when PyTorch's work needs a wait of its own: the
+/// hand-off, released once the work queued on `release` (PyTorch's stream, not the
+/// hand-off's consumer stream, or a hand-off released at once) is done.
 struct ImportOwner {
     handoff: Handoff,
-    release: Option<Stream>,
+    release: Stream,
 }
 
-/// The storage deleter of imported tensors; called once by PyTorch, on any thread.
+/// The storage deleter of imported tensors whose owner is an [`ImportOwner`]; called
+/// once by PyTorch, on any thread.
 unsafe extern "C" fn release_import(ctx: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: `ctx` is the `Box<ImportOwner>` leaked in `view`, given to exactly one
         // DataPtr (or to this function once on failure).
         let owner = unsafe { Box::from_raw(ctx as *mut ImportOwner) };
         let ImportOwner { handoff, release } = *owner;
-        match release {
-            // PyTorch worked on the hand-off's consumer stream, and the hand-off itself
-            // releases after that stream's work: a second wait would only record
-            // another event behind the same stream.
-            Some(s) if &s == handoff.consumer_stream() && handoff.release() == Release::AfterConsumer => {
-                drop(handoff)
-            }
-            // Otherwise the hand-off goes once PyTorch's work is done, whatever the
-            // producer asked for.
-            s => reaper::release_after(s.as_ref(), handoff),
-        }
+        // The hand-off goes once PyTorch's work is done, whatever the producer asked for.
+        reaper::release_after(Some(&release), handoff);
+    }));
+}
+
+/// The storage deleter of imported tensors that own their hand-off directly (no
+/// second wait): releases it as dropping it would. Called once by PyTorch, on any thread.
+unsafe extern "C" fn release_handoff(ctx: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `ctx` is the hand-off `view` gave up with `into_raw`, given to exactly
+        // one DataPtr (or to this function once on failure).
+        unsafe { Handoff::release_raw(ctx.cast()) }
     }));
 }
 
@@ -128,12 +131,25 @@ pub(crate) fn view(handoff: Handoff, options: &ImportOptions) -> Result<(tch::Te
     // could release the owner.
     let (shape, strides) = (handoff.shape().as_ptr(), handoff.strides().as_ptr());
     let ndim = handoff.shape().len() as i32;
-    let owner = Box::into_raw(Box::new(ImportOwner { handoff, release: stream.clone() }));
+    // When PyTorch works on the hand-off's own consumer stream and the hand-off
+    // releases after that stream's work anyway (or there is no stream), the storage
+    // owns the hand-off itself; otherwise a box that also says where PyTorch works.
+    let second_wait = stream
+        .as_ref()
+        .filter(|s| *s != handoff.consumer_stream() || handoff.release() == Release::Immediately);
+    let (owner, deleter): (*mut c_void, unsafe extern "C" fn(*mut c_void)) = match second_wait {
+        None => (handoff.into_raw().cast(), release_handoff),
+        Some(s) => {
+            let owner = Box::new(ImportOwner { release: s.clone(), handoff });
+            (Box::into_raw(owner).cast(), release_import)
+        }
+    };
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: `data` is the validated first-element address of memory the hand-off
     // (moved into `owner`) keeps alive; shape and strides point to `ndim` values each,
     // alive while `owner` is (the shim reads them before it could release it); `owner`
-    // is consumed by the shim on every path (owned by the storage, or released).
+    // is consumed by the shim on every path (owned by the storage, or released by
+    // `deleter`, its own).
     let r = unsafe {
         ffi::hf_from_blob(
             data,
@@ -143,8 +159,8 @@ pub(crate) fn view(handoff: Handoff, options: &ImportOptions) -> Result<(tch::Te
             scalar_type,
             device_type,
             device_index,
-            owner as *mut c_void,
-            release_import,
+            owner,
+            deleter,
             &mut out,
         )
     };

@@ -152,13 +152,21 @@ impl Export for TorchTensor {
     /// caching allocator (`recordStream`) so that the block outlives the consumer's
     /// queued work, or else leaves the release to the reaper.
     fn export(self, consumer: &Stream) -> Result<Handoff> {
-        // `new` checked the tensor; `describe` (in `with_keep_alive`) reads it again
-        // and refuses it if it changed since (unless it was wrapped for this export).
+        // `new` checked the tensor; it is read again below and refused if it changed
+        // since (unless it was wrapped for this export).
         let ready = self.ready_on(consumer)?;
         // Even on the tensor's own stream: its block may have been allocated on
         // another stream, where the caching allocator would reuse it at once.
         let release = release_for(&self, consumer)?;
-        Handoff::with_keep_alive(self, |t| t.describe(), consumer, ready, release)
+        // The hand-off keeps the tensor handle alone, not its description.
+        let TorchTensor { tensor, described, read_only, .. } = self;
+        let described = match described {
+            Some(d) => d,
+            None => describe_tensor(&tensor)?,
+        };
+        let mut desc = described.desc();
+        desc.read_only = read_only;
+        Handoff::from_desc(tensor, &desc, consumer, ready, release)
     }
 }
 

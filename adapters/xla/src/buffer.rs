@@ -143,42 +143,6 @@ impl std::fmt::Debug for Buffer {
 }
 
 impl Buffer {
-    /// Takes ownership of a raw buffer of `client`.
-    ///
-    /// # Safety
-    /// `raw` must be an owned, live buffer of `client`.
-    pub(crate) unsafe fn from_raw(
-        client: &Arc<ClientInner>,
-        raw: *mut sys::PJRT_Buffer,
-        copied: bool,
-        view: Option<ViewWatch>,
-    ) -> Result<Buffer> {
-        let api = client.api();
-        let info = || -> Result<(DataType, Vec<i64>, usize)> {
-            // SAFETY: live buffer (forwarded); the dims are copied out.
-            let (t, shape) =
-                unsafe { (result::buffer::element_type(api, raw)?, result::buffer::dimensions(api, raw)?) };
-            let dtype = dtype::from_pjrt(t).ok_or_else(|| {
-                XlaError::invalid("PJRT_Buffer_ElementType", t, "this element type has no DLPack code")
-            })?;
-            // SAFETY: live buffer; the device lives as long as the client.
-            let dev = unsafe { result::buffer::device(api, raw)? };
-            let index = client.devices.iter().position(|d| d.raw == dev).unwrap_or(0);
-            Ok((dtype, shape, index))
-        };
-        match info() {
-            Ok((dtype, shape, device)) => {
-                // SAFETY: forwarded from the caller; the parts were just asked of PJRT.
-                Ok(unsafe { Buffer::from_parts(client, raw, dtype, &shape, device, copied, view) })
-            }
-            Err(e) => {
-                // SAFETY: owned, destroyed once on this error path.
-                let _ = unsafe { result::buffer::destroy(api, raw) };
-                Err(e)
-            }
-        }
-    }
-
     /// Takes ownership of a raw buffer of `client` whose element type, dimensions and
     /// device the caller knows (it made the buffer, or they are the program's output
     /// signature): no PJRT query.
@@ -187,7 +151,7 @@ impl Buffer {
     /// `raw` must be an owned, live buffer of `client` of that dtype and shape on the
     /// client's device at `device`.
     pub(crate) unsafe fn from_parts(
-        client: &Arc<ClientInner>,
+        client: Arc<ClientInner>,
         raw: *mut sys::PJRT_Buffer,
         dtype: DataType,
         shape: &[i64],
@@ -197,7 +161,7 @@ impl Buffer {
     ) -> Buffer {
         Buffer {
             inner: Arc::new(BufferInner {
-                client: client.clone(),
+                client,
                 raw,
                 device,
                 dtype,
@@ -323,6 +287,147 @@ impl Buffer {
     }
 }
 
+/// The element type, dimensions and device index of a raw buffer, asked of PJRT.
+///
+/// # Safety
+/// `raw` must be a live buffer of `client`.
+pub(crate) unsafe fn query_parts(
+    client: &ClientInner,
+    raw: *mut sys::PJRT_Buffer,
+) -> Result<(DataType, Vec<i64>, usize)> {
+    let api = client.api();
+    // SAFETY: live buffer (forwarded); the dims are copied out.
+    let (t, shape) =
+        unsafe { (result::buffer::element_type(api, raw)?, result::buffer::dimensions(api, raw)?) };
+    let dtype = dtype::from_pjrt(t).ok_or_else(|| {
+        XlaError::invalid("PJRT_Buffer_ElementType", t, "this element type has no DLPack code")
+    })?;
+    // SAFETY: live buffer; the device lives as long as the client.
+    let dev = unsafe { result::buffer::device(api, raw)? };
+    let index = client.devices.iter().position(|d| d.raw == dev).unwrap_or(0);
+    Ok((dtype, shape, index))
+}
+
+/// A PJRT buffer with nothing around it, destroyed on drop: a kernel call's view of
+/// an input, kept for the one execution (and the floor benchmark's bare buffers).
+pub struct RawBuffer {
+    pub(crate) api: Api,
+    pub(crate) raw: *mut sys::PJRT_Buffer,
+}
+
+impl Drop for RawBuffer {
+    fn drop(&mut self) {
+        // SAFETY: owned, destroyed once.
+        if let Err(e) = unsafe { result::buffer::destroy(self.api, self.raw) } {
+            eprintln!("handoff-xla: destroying a PJRT buffer failed: {e}");
+        }
+    }
+}
+
+/// One output of an execution, owned by the caller alone: what a kernel call's
+/// [`Output`](crate::Output)s are made from. Turn it into a shared [`Buffer`]
+/// ([`into_buffer`](Self::into_buffer)), or hand it off as it is: its export needs no
+/// external reference (nothing else holds the buffer), and the buffer itself is
+/// destroyed once the consumer's queued work is done.
+///
+/// ```no_run
+/// use handoff_xla::{Buffer, Client, Kernel, OutputBuffers, Outputs};
+/// /// A call's outputs as shared buffers, whatever their number.
+/// struct All(Vec<Buffer>);
+/// impl Outputs<()> for All {
+///     const COUNT: Option<usize> = None;
+///     fn from_outputs(outputs: OutputBuffers, _: &handoff_runtime::Stream) -> handoff_xla::Result<All> {
+///         Ok(All(outputs.map(|o| o.into_buffer()).collect()))
+///     }
+/// }
+/// ```
+pub struct OutputBuffer {
+    owned: Owned,
+    dtype: DataType,
+    shape: handoff_runtime::Dims,
+    device: usize,
+}
+
+/// A raw buffer of a client and the client, destroyed on drop: what an exported
+/// [`OutputBuffer`] keeps until its consumer is done.
+pub(crate) struct Owned {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) raw: *mut sys::PJRT_Buffer,
+}
+
+// SAFETY: PJRT buffers are thread-safe handles, and this one is owned by one value.
+unsafe impl Send for Owned {}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        // SAFETY: owned, destroyed once (`OutputBuffer::into_buffer` skips this drop).
+        if let Err(e) = unsafe { result::buffer::destroy(self.client.api(), self.raw) } {
+            eprintln!("handoff-xla: destroying a PJRT buffer failed: {e}");
+        }
+    }
+}
+
+impl OutputBuffer {
+    /// Takes ownership of an execution's output.
+    ///
+    /// # Safety
+    /// `raw` must be an owned, live buffer of `client` of that dtype and shape on the
+    /// client's device at `device`.
+    pub(crate) unsafe fn from_parts(
+        client: &Arc<ClientInner>,
+        raw: *mut sys::PJRT_Buffer,
+        dtype: DataType,
+        shape: &[i64],
+        device: usize,
+    ) -> OutputBuffer {
+        OutputBuffer { owned: Owned { client: client.clone(), raw }, dtype, shape: shape.into(), device }
+    }
+
+    /// A shared buffer of it.
+    pub fn into_buffer(self) -> Buffer {
+        let owned = std::mem::ManuallyDrop::new(self.owned);
+        // SAFETY: `owned` is never dropped, so the client is moved out once and the raw
+        // buffer is owned by the `Buffer` alone.
+        let client = unsafe { std::ptr::read(&owned.client) };
+        // SAFETY: an owned buffer of this client, of these parts.
+        unsafe { Buffer::from_parts(client, owned.raw, self.dtype, &self.shape, self.device, false, None) }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[i64] {
+        &self.shape
+    }
+
+    pub(crate) fn client(&self) -> &ClientInner {
+        &self.owned.client
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::PJRT_Buffer {
+        self.owned.raw
+    }
+
+    pub(crate) fn device_index(&self) -> usize {
+        self.device
+    }
+
+    /// Its parts: the raw buffer with its client (what an export keeps until its
+    /// consumer is done), the element type, the dimensions and the device index.
+    pub(crate) fn into_parts(self) -> (Owned, DataType, handoff_runtime::Dims, usize) {
+        (self.owned, self.dtype, self.shape, self.device)
+    }
+}
+
+impl std::fmt::Debug for OutputBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OutputBuffer({}{:?})", handoff_runtime::dtype::name(self.dtype), self.shape())
+    }
+}
+
 /// A scalar `i32` buffer holding `index` on `device`: the platform-index argument of
 /// a multi-platform `jax.export` artifact. Made from static memory, which outlives any
 /// transfer, so nothing waits for the copy.
@@ -389,6 +494,7 @@ unsafe fn upload(
     let done = unsafe { PjrtEvent::from_raw(api, done) };
     // SAFETY: an owned, live buffer of this client, just made with this dtype, shape
     // and device.
-    let buffer = unsafe { Buffer::from_parts(&client.inner, raw, dtype, shape, device.index, false, None) };
+    let buffer =
+        unsafe { Buffer::from_parts(client.inner.clone(), raw, dtype, shape, device.index, false, None) };
     Ok((buffer, done))
 }

@@ -13,8 +13,8 @@
 //!   only if still pending. The external reference is given back only after the
 //!   consumer's stream work has completed (the reaper).
 
-use crate::buffer::{Buffer, Released, ViewWatch};
-use crate::client::{Client, XlaDevice};
+use crate::buffer::{Buffer, OutputBuffer, PjrtEvent, RawBuffer, Released, ViewWatch};
+use crate::client::{Client, ClientInner, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::result;
@@ -62,7 +62,7 @@ impl ViewOptions {
 }
 
 /// Host memory aligned to [`CPU_ALIGNMENT`], owned by a copied import.
-struct Aligned {
+pub(crate) struct Aligned {
     ptr: *mut u8,
     layout: std::alloc::Layout,
 }
@@ -129,6 +129,19 @@ unsafe extern "C" fn on_delete<K: Send + 'static>(_data: *mut c_void, user_arg: 
     }));
 }
 
+/// PJRT's `on_delete_callback` of a view that owns its hand-off directly (a kernel
+/// call's input): releases it as dropping it would. Runs on whatever thread PJRT
+/// deletes the buffer on; never unwinds.
+unsafe extern "C" fn release_handoff(_data: *mut c_void, user_arg: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if !user_arg.is_null() {
+            // SAFETY: `user_arg` is the hand-off `ViewOf::into_raw_view` gave up with
+            // `into_raw`, and PJRT calls this exactly once.
+            unsafe { Handoff::release_raw(user_arg.cast()) }
+        }
+    }));
+}
+
 /// [`Client::ready_stream`]: the stream XLA reads hand-offs on for `device`, asked of
 /// PJRT once per device and cached in the client.
 pub(crate) fn ready_stream(client: &Client, device: &XlaDevice) -> Result<Stream> {
@@ -165,12 +178,42 @@ fn cached_ready_stream(client: &Client, device: usize) -> Result<&Stream> {
 /// [`Client::import_with`]: a view of the hand-off's memory (see the module docs),
 /// counted in `stats` as an import.
 pub(crate) fn import(client: &Client, handoff: Handoff, options: ViewOptions) -> Result<Buffer> {
-    let buffer = import_uncounted(client, handoff, options)?;
+    let buffer = match prepare(client, handoff, options)? {
+        Viewable::Handoff(v) => v.into_buffer(client),
+        Viewable::Copy(v) => v.into_buffer(client),
+    }?;
     handoff_runtime::__private::counted_import();
     Ok(buffer)
 }
 
-fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> Result<Buffer> {
+/// What a view is made of: memory checked and ordered for PJRT to read, and what
+/// keeps it alive until PJRT lets go of the view. Made by [`prepare`] alone.
+pub(crate) struct ViewOf<K> {
+    memory: Memory,
+    keep_alive: K,
+}
+
+/// The memory of a [`ViewOf`], as PJRT is told of it.
+struct Memory {
+    device: usize,
+    data: *mut c_void,
+    dtype: DataType,
+    pjrt_type: std::ffi::c_int,
+    shape: Dims,
+    /// The stream PJRT orders the view's first use after (0 on CPU).
+    stream: isize,
+    copied: bool,
+}
+
+/// A hand-off [`prepare`]d for a view: of its own memory, or of an aligned copy.
+pub(crate) enum Viewable {
+    Handoff(ViewOf<Handoff>),
+    Copy(ViewOf<Aligned>),
+}
+
+/// Checks the hand-off for a view by `client` and orders it before XLA's ready
+/// stream (GPU); copies host memory XLA cannot view when `options` allow it.
+pub(crate) fn prepare(client: &Client, handoff: Handoff, options: ViewOptions) -> Result<Viewable> {
     let dtype = handoff.dtype();
     let t = dtype::to_pjrt(dtype).ok_or_else(|| {
         XlaError::invalid(
@@ -189,6 +232,15 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
     let shape = Dims::from(handoff.shape());
     let device = client.device_index_for(handoff.device(), options.device)?;
     let data = handoff.data_ptr();
+    let memory = |data: *mut u8, stream, copied| Memory {
+        device,
+        data: data.cast(),
+        dtype,
+        pjrt_type: t,
+        shape: shape.clone(),
+        stream,
+        copied,
+    };
     if client.is_gpu() {
         // The client is held for the whole import: no handle of the stream is made.
         let ready = cached_ready_stream(client, device)?;
@@ -198,16 +250,15 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
         if handoff.consumer_stream() != ready {
             handoff_runtime::order(Some(handoff.consumer_stream()), ready)?;
         }
-        let raw = ready.raw() as isize;
-        // SAFETY: the hand-off is validated device memory of `device`, compact, of
-        // `shape` and `dtype`; it is kept alive until on_delete.
-        return unsafe { view(client, device, data as *mut c_void, (dtype, t), &shape, raw, handoff, false) };
+        // The hand-off is validated device memory of `device`, compact, of `shape`
+        // and `dtype`, ready before work on `ready`.
+        let memory = memory(data, ready.raw() as isize, false);
+        return Ok(Viewable::Handoff(ViewOf { memory, keep_alive: handoff }));
     }
-    // Host memory for the CPU client: no device work to order.
+    // Host memory for the CPU client: no device work to order (stream 0 on CPU).
     let misaligned = !(data as usize).is_multiple_of(CPU_ALIGNMENT);
     if !misaligned {
-        // SAFETY: as above, for host memory; stream must be 0 on CPU.
-        return unsafe { view(client, device, data as *mut c_void, (dtype, t), &shape, 0, handoff, false) };
+        return Ok(Viewable::Handoff(ViewOf { memory: memory(data, 0, false), keep_alive: handoff }));
     }
     if !options.allow_copy {
         return Err(XlaError::invalid(
@@ -223,60 +274,86 @@ fn import_uncounted(client: &Client, handoff: Handoff, options: ViewOptions) -> 
     }
     let copy = Aligned::copy_of(data, handoff.num_bytes())?;
     drop(handoff);
-    let ptr = copy.ptr as *mut c_void;
-    // SAFETY: `copy` owns `num_bytes` aligned bytes holding the array.
-    unsafe { view(client, device, ptr, (dtype, t), &shape, 0, copy, true) }
+    // `copy` owns `num_bytes` aligned bytes holding the array.
+    Ok(Viewable::Copy(ViewOf { memory: memory(copy.ptr, 0, true), keep_alive: copy }))
 }
 
-/// Creates a zero-copy buffer over foreign memory, keeping `keep_alive` until PJRT's
-/// `on_delete_callback`.
-///
-/// # Safety
-/// `data` must be memory of `device` holding a compact row-major array of `shape` and
-/// `dtype` (with its PJRT type), valid while `keep_alive` lives, with its writes
-/// ordered before work on `stream` (CUDA) or complete (CPU, `stream` 0).
-#[allow(clippy::too_many_arguments)]
-unsafe fn view<K: Send + 'static>(
-    client: &Client,
-    device: usize,
-    data: *mut c_void,
-    (dtype, pjrt_type): (DataType, std::ffi::c_int),
-    shape: &[i64],
-    stream: isize,
-    keep_alive: K,
-    copied: bool,
-) -> Result<Buffer> {
-    let owner = Arc::new(ViewOwner {
-        keep_alive: UnsafeCell::new(Some(keep_alive)),
-        released: AtomicBool::new(false),
-    });
-    let watch = ViewWatch(owner.clone());
-    let ctx = Arc::into_raw(owner);
-    // SAFETY: forwarded from the caller; `ctx` is handed to the callback.
-    let made = unsafe {
-        result::client::create_view_of_device_buffer(
-            client.inner.api(),
-            client.inner.raw,
-            client.inner.devices[device].raw,
-            data,
-            pjrt_type,
-            shape,
-            stream,
-            on_delete::<K>,
-            ctx as *mut c_void,
-        )
-    };
-    match made {
-        Ok(raw) => {
+impl Memory {
+    /// `PJRT_Client_CreateViewOfDeviceBuffer` of the memory, with `on_delete(ctx)`
+    /// called once PJRT lets go of it.
+    fn create(
+        &self,
+        client: &Client,
+        on_delete: unsafe extern "C" fn(*mut c_void, *mut c_void),
+        ctx: *mut c_void,
+    ) -> Result<*mut crate::sys::PJRT_Buffer> {
+        // SAFETY: `prepare` checked that `data` is memory of `device` holding a
+        // compact array of `shape` and `dtype`, ordered before work on `stream`; the
+        // caller keeps it alive (through `ctx`) until `on_delete`.
+        unsafe {
+            result::client::create_view_of_device_buffer(
+                client.inner.api(),
+                client.inner.raw,
+                client.inner.devices[self.device].raw,
+                self.data,
+                self.pjrt_type,
+                &self.shape,
+                self.stream,
+                on_delete,
+                ctx,
+            )
+        }
+    }
+}
+
+impl<K: Send + 'static> ViewOf<K> {
+    /// A shared buffer over the memory, whose [`ViewWatch`] says when PJRT let go.
+    pub(crate) fn into_buffer(self, client: &Client) -> Result<Buffer> {
+        let owner = Arc::new(ViewOwner {
+            keep_alive: UnsafeCell::new(Some(self.keep_alive)),
+            released: AtomicBool::new(false),
+        });
+        let watch = ViewWatch(owner.clone());
+        let ctx = Arc::into_raw(owner);
+        let m = self.memory;
+        match m.create(client, on_delete::<K>, ctx as *mut c_void) {
             // SAFETY: an owned buffer of this client, just made with this dtype, shape
             // and device (no need to ask PJRT for them again).
-            Ok(unsafe { Buffer::from_parts(&client.inner, raw, dtype, shape, device, copied, Some(watch)) })
+            Ok(raw) => Ok(unsafe {
+                Buffer::from_parts(
+                    client.inner.clone(),
+                    raw,
+                    m.dtype,
+                    &m.shape,
+                    m.device,
+                    m.copied,
+                    Some(watch),
+                )
+            }),
+            Err(e) => {
+                // SAFETY: on error PJRT did not take `ctx`: the reference is still
+                // ours, given back once.
+                drop(unsafe { Arc::from_raw(ctx) });
+                Err(e)
+            }
         }
-        Err(e) => {
-            // SAFETY: on error PJRT did not take `ctx`: the reference is still ours,
-            // given back once.
-            drop(unsafe { Arc::from_raw(ctx) });
-            Err(e)
+    }
+}
+
+impl ViewOf<Handoff> {
+    /// A bare view over the hand-off's memory for one use (a kernel call's input):
+    /// PJRT's `on_delete_callback` releases the hand-off itself, with nothing
+    /// allocated around it.
+    pub(crate) fn into_raw_view(self, client: &Client) -> Result<RawBuffer> {
+        let ctx = self.keep_alive.into_raw();
+        match self.memory.create(client, release_handoff, ctx.cast()) {
+            Ok(raw) => Ok(RawBuffer { api: client.inner.api(), raw }),
+            Err(e) => {
+                // SAFETY: on error PJRT did not take `ctx`: the hand-off is still ours,
+                // released once.
+                unsafe { Handoff::release_raw(ctx) };
+                Err(e)
+            }
         }
     }
 }
@@ -300,9 +377,70 @@ impl Drop for ExternalRef {
     }
 }
 
+/// Makes the data of `raw` (a live buffer of `client` on its device `device`)
+/// visible to work enqueued on `consumer` from now on. CUDA: the stream extension's
+/// `wait_until_buffer_ready_on_stream` (no host wait). CPU (`consumer` the host):
+/// nothing if the data is ready, else a counted host wait.
+fn ready_on(
+    client: &ClientInner,
+    raw: *mut crate::sys::PJRT_Buffer,
+    device: usize,
+    consumer: &Stream,
+) -> handoff_runtime::Result<Ready> {
+    let api = client.api();
+    match client.plugin.stream_extension() {
+        Some(ext) => {
+            let stream = consumer_raw(consumer, client, device)?;
+            // SAFETY: this plugin's extension, a live buffer and a stream of its device.
+            unsafe { result::stream::wait_until_buffer_ready_on_stream(api, ext, raw, stream as isize)? };
+            handoff_runtime::__private::counted_wait_enqueued();
+            Ok(Ready::Waited)
+        }
+        None => {
+            if !consumer.is_host() {
+                return Err(handoff_runtime::Error::CrossDevice {
+                    from: handoff_runtime::Device::Host,
+                    to: consumer.device(),
+                });
+            }
+            // SAFETY: a live buffer; the event is ours.
+            let event = unsafe { result::buffer::ready_event(api, raw)? };
+            // SAFETY: an owned event of this plugin.
+            let ev = unsafe { PjrtEvent::from_raw(api, event) }.ok_or_else(|| {
+                XlaError::invalid("PJRT_Buffer_ReadyEvent.event", "null", "the plugin returned no event")
+            })?;
+            match ev.status()? {
+                Some(status) => {
+                    handoff_runtime::__private::counted_wait_elided();
+                    status?;
+                    Ok(Ready::Elided)
+                }
+                None => {
+                    ev.wait()?;
+                    Ok(Ready::HostSynced)
+                }
+            }
+        }
+    }
+}
+
+/// The memory of `raw` (a live buffer of `client` on its device `device`): PJRT's
+/// device pointer, compact row-major. Never `IS_COPIED`: the memory is the buffer's.
+fn describe<'a>(
+    client: &ClientInner,
+    raw: *mut crate::sys::PJRT_Buffer,
+    device: usize,
+    dtype: DataType,
+    shape: &'a [i64],
+) -> handoff_runtime::Result<TensorDesc<'a>> {
+    // SAFETY: a live buffer (the caller's).
+    let data = unsafe { result::buffer::opaque_device_memory_data_pointer(client.api(), raw) }?;
+    Ok(TensorDesc::new(data, client.handoff_device(device), dtype, shape))
+}
+
 impl StreamOrdered for Buffer {
     fn device(&self) -> handoff_runtime::Device {
-        Buffer::device(self).handoff_device()
+        self.inner.client.handoff_device(self.inner.device)
     }
 
     /// `None`: PJRT does not name the stream an execution writes on; [`ready_on`]
@@ -318,38 +456,7 @@ impl StreamOrdered for Buffer {
     /// wait). CPU (`consumer` the host): nothing if the data is ready, else a counted
     /// host wait.
     fn ready_on(&self, consumer: &Stream) -> handoff_runtime::Result<Ready> {
-        let api = self.api();
-        match self.client().plugin().stream_extension() {
-            Some(ext) => {
-                let raw = consumer_raw(consumer, &self.device())?;
-                // SAFETY: this plugin's extension, a live buffer and a stream of its device.
-                unsafe {
-                    result::stream::wait_until_buffer_ready_on_stream(api, ext, self.raw(), raw as isize)?
-                };
-                handoff_runtime::__private::counted_wait_enqueued();
-                Ok(Ready::Waited)
-            }
-            None => {
-                if !consumer.is_host() {
-                    return Err(handoff_runtime::Error::CrossDevice {
-                        from: handoff_runtime::Device::Host,
-                        to: consumer.device(),
-                    });
-                }
-                let ev = self.ready_event()?;
-                match ev.status()? {
-                    Some(status) => {
-                        handoff_runtime::__private::counted_wait_elided();
-                        status?;
-                        Ok(Ready::Elided)
-                    }
-                    None => {
-                        ev.wait()?;
-                        Ok(Ready::HostSynced)
-                    }
-                }
-            }
-        }
+        ready_on(&self.inner.client, self.inner.raw, self.inner.device, consumer)
     }
 }
 
@@ -358,9 +465,8 @@ impl Export for Buffer {
     /// shared with the buffer (and other exports), so it is never marked `IS_COPIED`,
     /// even for a buffer made from a copy.
     fn describe(&self) -> handoff_runtime::Result<TensorDesc<'_>> {
-        let data = self.device_pointer()?;
-        let device = Buffer::device(self).handoff_device();
-        Ok(TensorDesc::new(data, device, self.dtype(), self.shape()))
+        let b = &self.inner;
+        describe(&b.client, b.raw, b.device, b.dtype, &b.shape)
     }
 
     /// Exports the buffer as a zero-copy [`Handoff`] made ready on `consumer` (see
@@ -384,6 +490,40 @@ impl Export for Buffer {
         }
         let keep = ExternalRef { buffer: self };
         Handoff::with_keep_alive(keep, |k| k.buffer.describe(), consumer, ready, Release::AfterConsumer)
+    }
+}
+
+impl StreamOrdered for OutputBuffer {
+    fn device(&self) -> handoff_runtime::Device {
+        self.client().handoff_device(self.device_index())
+    }
+
+    /// `None`, as for a [`Buffer`].
+    fn stream(&self) -> Option<Stream> {
+        None
+    }
+
+    /// As [`Buffer`]'s.
+    fn ready_on(&self, consumer: &Stream) -> handoff_runtime::Result<Ready> {
+        ready_on(self.client(), self.raw(), self.device_index(), consumer)
+    }
+}
+
+impl Export for OutputBuffer {
+    /// The output's memory, as [`Buffer`]'s.
+    fn describe(&self) -> handoff_runtime::Result<TensorDesc<'_>> {
+        describe(self.client(), self.raw(), self.device_index(), self.dtype(), self.shape())
+    }
+
+    /// Exports the output as a zero-copy [`Handoff`] made ready on `consumer`. It is
+    /// the buffer's one owner, so no external reference is taken: the hand-off owns
+    /// the buffer, destroyed once the consumer's queued work is done.
+    fn export(self, consumer: &Stream) -> handoff_runtime::Result<Handoff> {
+        let ready = self.ready_on(consumer)?;
+        // The hand-off keeps the raw buffer and its client alone, not the description.
+        let (owned, dtype, shape, device) = self.into_parts();
+        let desc = describe(&owned.client, owned.raw, device, dtype, &shape)?;
+        Handoff::from_desc(owned, &desc, consumer, ready, Release::AfterConsumer)
     }
 }
 
@@ -439,21 +579,21 @@ fn cuda_stream(ordinal: u32, raw: u64) -> Result<Stream> {
 }
 
 #[cfg(feature = "cuda")]
-fn consumer_raw(consumer: &Stream, device: &XlaDevice) -> Result<u64> {
+fn consumer_raw(consumer: &Stream, client: &ClientInner, device: usize) -> Result<u64> {
     match handoff_runtime::cuda::raw_stream(consumer) {
-        Some((ordinal, raw)) if ordinal == device.ordinal() => Ok(raw),
+        Some((ordinal, raw)) if ordinal == client.ordinal(device) => Ok(raw),
         _ => Err(XlaError::from(handoff_runtime::Error::CrossDevice {
-            from: device.handoff_device(),
+            from: client.handoff_device(device),
             to: consumer.device(),
         })),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn consumer_raw(consumer: &Stream, device: &XlaDevice) -> Result<u64> {
+fn consumer_raw(consumer: &Stream, client: &ClientInner, device: usize) -> Result<u64> {
     Err(XlaError::invalid(
         "consumer stream",
         format!("{consumer:?}"),
-        format!("exporting from {device:?} needs handoff-xla's `cuda` feature"),
+        format!("exporting from {:?} needs handoff-xla's `cuda` feature", client.handoff_device(device)),
     ))
 }

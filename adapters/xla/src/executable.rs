@@ -1,6 +1,6 @@
 //! Programs (StableHLO text or bytecode), compilation and execution.
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, OutputBuffer, query_parts};
 use crate::client::{Client, ClientInner, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
@@ -309,7 +309,8 @@ impl Executable {
     pub fn execute(&self, inputs: &[&Buffer]) -> Result<Vec<Buffer>> {
         self.check_inputs(inputs)?;
         let raw = RawList::of(inputs.iter().map(|b| b.raw()));
-        Ok(self.execute_raw(raw.as_slice(), &all_positions(inputs.len()))?.into_iter().collect())
+        let outputs = self.execute_raw(raw.as_slice(), &all_positions(inputs.len()))?;
+        Ok(outputs.into_iter().map(OutputBuffer::into_buffer).collect())
     }
 
     /// Executes on raw input buffers (checked by the caller, held by it for the
@@ -318,7 +319,7 @@ impl Executable {
         &self,
         raw_inputs: &[*mut sys::PJRT_Buffer],
         non_donatable: &[i64],
-    ) -> Result<Few<Buffer>> {
+    ) -> Result<Few<OutputBuffer>> {
         let api = self.client.api();
         let device = match self.device {
             Some(i) => self.client.devices[i].raw,
@@ -342,14 +343,20 @@ impl Executable {
             let made = match (spec.dtype, self.output_device(raw)) {
                 // The output signature is known since compilation, and the device
                 // since then or the first call: no PJRT query per output.
-                // SAFETY: an owned output buffer of this client, of the compiled
-                // output's type and shape, on the device it was run on.
-                (Some(dtype), Some(index)) => Ok(unsafe {
-                    Buffer::from_parts(&self.client, raw, dtype, &spec.shape, index, false, None)
-                }),
-                // SAFETY: an owned output buffer of this client.
-                _ => unsafe { Buffer::from_raw(&self.client, raw, false, None) },
-            };
+                (Some(dtype), Some(index)) => Ok((dtype, None, index)),
+                // SAFETY: a live output buffer of this client.
+                _ => unsafe { query_parts(&self.client, raw) }.map(|(d, shape, i)| (d, Some(shape), i)),
+            }
+            .map(|(dtype, queried, index)| {
+                let shape = queried.as_deref().unwrap_or(&spec.shape);
+                // SAFETY: an owned output buffer of this client, of the compiled (or
+                // asked) output type and shape, on the device it was run on.
+                unsafe { OutputBuffer::from_parts(&self.client, raw, dtype, shape, index) }
+            });
+            if made.is_err() {
+                // SAFETY: owned output, destroyed once on this error path.
+                let _ = unsafe { result::buffer::destroy(api, raw) };
+            }
             match made {
                 Ok(b) => buffers.push(b),
                 Err(e) => failed = Some(e),

@@ -7,24 +7,13 @@ use crate::client::{Client, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::executable::Executable;
+use crate::result;
 use crate::result::executable::{RawList, all_positions};
-use crate::result::{self, Api};
 use crate::sys;
 use handoff_runtime::dtype::DataType;
 use std::ffi::c_void;
 
-/// A PJRT buffer with nothing around it, destroyed on drop.
-pub struct RawBuffer {
-    api: Api,
-    raw: *mut sys::PJRT_Buffer,
-}
-
-impl Drop for RawBuffer {
-    fn drop(&mut self) {
-        // SAFETY: owned, destroyed once.
-        let _ = unsafe { result::buffer::destroy(self.api, self.raw) };
-    }
-}
+pub use crate::buffer::RawBuffer;
 
 /// `on_delete_callback` of a bare view: the benchmark owns the memory.
 unsafe extern "C" fn nothing_to_release(_data: *mut c_void, _arg: *mut c_void) {}

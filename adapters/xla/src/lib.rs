@@ -51,7 +51,7 @@ mod result;
 mod sys;
 
 pub use artifact::Artifact;
-pub use buffer::{Buffer, PjrtEvent, ViewWatch};
+pub use buffer::{Buffer, OutputBuffer, PjrtEvent, ViewWatch};
 pub use client::{Client, XlaDevice};
 pub use error::{ErrorCode, Result, XlaError};
 pub use exchange::{Borrowed, CPU_ALIGNMENT, ViewOptions};

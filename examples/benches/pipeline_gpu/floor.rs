@@ -195,16 +195,56 @@ impl<'a> Bare<'a> {
     }
 }
 
-/// Repeats a kernel call on `h` (handoff's when `floor` is false, else [`Bare::call`])
-/// for `secs` seconds, PJRT's queue kept short as in [`measure`]: a loop for a
-/// sampling profiler to run around, one process per side.
-pub fn call_loop(p: &Pipeline, h: &Tensor, floor: bool, secs: f64) -> Result<LoopTimes, PipelineError> {
+/// A path [`repeat`] repeats: the kernel call, the torch export to XLA's ready
+/// stream, or the whole hand-off torch -> XLA (export and view), each handoff's or
+/// the floor's bare calls.
+#[derive(Debug, Clone, Copy)]
+pub enum Looped {
+    Call,
+    Floor,
+    Export,
+    ExportFloor,
+    ToXla,
+    ToXlaFloor,
+}
+
+impl Looped {
+    pub const ALL: [Looped; 6] =
+        [Looped::Call, Looped::Floor, Looped::Export, Looped::ExportFloor, Looped::ToXla, Looped::ToXlaFloor];
+
+    /// The name `--loop` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Looped::Call => "call",
+            Looped::Floor => "floor",
+            Looped::Export => "export",
+            Looped::ExportFloor => "export-floor",
+            Looped::ToXla => "to-xla",
+            Looped::ToXlaFloor => "to-xla-floor",
+        }
+    }
+}
+
+/// Repeats `which` on `h` for `secs` seconds, PJRT's queue kept short as in
+/// [`measure`]: a loop for a sampling profiler to run around, one process per path.
+pub fn repeat(p: &Pipeline, h: &Tensor, which: Looped, secs: f64) -> Result<LoopTimes, PipelineError> {
     let bare = Bare::new(p, h)?;
+    let ready = p.xla_kernel().ready_stream();
+    let client = p.client();
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
     let mut calls = Vec::new();
     while Instant::now() < end {
-        calls.push(if floor { bare.call()? } else { timed_once(|| p.kernel(h))? });
+        calls.push(match which {
+            Looped::Call => timed_once(|| p.kernel(h))?,
+            Looped::Floor => bare.call()?,
+            Looped::Export => timed_once(|| handoff_torch::export(h, ready))?,
+            Looped::ExportFloor => timed_once(|| bare.torch_export())?,
+            Looped::ToXla => timed_once(|| -> Result<_, PipelineError> {
+                Ok(client.import(handoff_torch::export(h, ready)?)?)
+            })?,
+            Looped::ToXlaFloor => timed_once(|| bare.view(bare.torch_export()?))?,
+        });
         if calls.len().is_multiple_of(8) {
             p.synchronize();
         }
@@ -215,7 +255,7 @@ pub fn call_loop(p: &Pipeline, h: &Tensor, floor: bool, secs: f64) -> Result<Loo
     Ok(LoopTimes { calls: calls.len(), mean, median: model::median_us(&mut calls), wall })
 }
 
-/// What [`call_loop`] measured: the calls made and their host time, µs.
+/// What [`repeat`] measured: the calls made and their host time, µs.
 pub struct LoopTimes {
     pub calls: usize,
     pub mean: f64,

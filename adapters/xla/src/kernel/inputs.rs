@@ -1,16 +1,36 @@
 //! What a kernel call takes: [`Args`] (an array, a `Vec` or a tuple of exportable
 //! values) and [`Inputs`], which checks each against its parameter and makes it a
-//! buffer of the kernel's client.
+//! buffer of the kernel's client: a shared [`Buffer`] as it is, any other value a
+//! bare view of its hand-off for this one execution.
 
 use super::{CallOptions, Kernel};
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, RawBuffer};
 use crate::client::XlaDevice;
 use crate::error::{Result, XlaError};
-use crate::exchange::ViewOptions;
+use crate::exchange::{self, ViewOptions, Viewable};
 use crate::executable::check_spec;
 use crate::few::Few;
+use crate::sys;
 use handoff_runtime::{Export, Exportable, Stream};
 use std::any::Any;
+
+/// One input of an execution, held for it.
+pub(super) enum Input {
+    /// A buffer of the kernel's client, shared with the caller.
+    Shared(Buffer),
+    /// A view of another framework's memory for this execution alone: PJRT releases
+    /// its hand-off once done with it.
+    View(RawBuffer),
+}
+
+impl Input {
+    pub(super) fn raw(&self) -> *mut sys::PJRT_Buffer {
+        match self {
+            Input::Shared(b) => b.raw(),
+            Input::View(v) => v.raw,
+        }
+    }
+}
 
 /// Collects a call's inputs: checks each against its parameter and makes it a buffer
 /// of the kernel's client. [`Args`] impls hand it each input with [`Inputs::push`].
@@ -18,7 +38,7 @@ pub struct Inputs<'k> {
     pub(super) kernel: &'k Kernel,
     pub(super) options: &'k CallOptions,
     pub(super) index: usize,
-    pub(super) buffers: Few<Buffer>,
+    pub(super) buffers: Few<Input>,
     /// Positions (in the program's arguments) of read-only inputs.
     pub(super) read_only: Vec<i64>,
     /// The stream of the first input that has one.
@@ -43,7 +63,7 @@ impl Inputs<'_> {
                 check_spec(name, index, p, buffer.dtype(), buffer.shape())?;
             }
             if kept {
-                self.buffers.push(buffer.clone());
+                self.buffers.push(Input::Shared(buffer.clone()));
             }
             return Ok(());
         }
@@ -70,7 +90,12 @@ impl Inputs<'_> {
             self.read_only.push(self.buffers.len() as i64);
         }
         let options = ViewOptions { allow_copy: self.options.allow_copy, device: Some(k.device.index) };
-        self.buffers.push(k.client.import_with(handoff, options)?);
+        let input = match exchange::prepare(&k.client, handoff, options)? {
+            Viewable::Handoff(v) => Input::View(v.into_raw_view(&k.client)?),
+            Viewable::Copy(v) => Input::Shared(v.into_buffer(&k.client)?),
+        };
+        handoff_runtime::__private::counted_import();
+        self.buffers.push(input);
         Ok(())
     }
 }

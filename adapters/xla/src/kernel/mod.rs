@@ -39,6 +39,7 @@ use std::path::Path;
 mod inputs;
 mod outputs;
 
+use inputs::Input;
 pub use inputs::{Args, Inputs};
 pub use outputs::{AsIs, Imported, Output, OutputBuffers, Outputs};
 
@@ -315,10 +316,10 @@ impl Kernel {
             stream: None,
         };
         if let Some(p) = &self.platform_index {
-            inputs.buffers.push(p.clone());
+            inputs.buffers.push(Input::Shared(p.clone()));
         }
         args.visit(&mut inputs)?;
-        let raw = RawList::of(inputs.buffers.iter().map(Buffer::raw));
+        let raw = RawList::of(inputs.buffers.iter().map(Input::raw));
         let all;
         let non_donatable: &[i64] = match self.no_donation.get(..inputs.buffers.len()) {
             _ if options.donate => &inputs.read_only,

@@ -1,18 +1,19 @@
 //! What a kernel call gives back: [`Outputs`] (an array, a `Vec` or a tuple), each an
-//! [`Output`] (an XLA [`Buffer`] as it is, or any type a hand-off imports into).
+//! [`Output`] (an XLA [`Buffer`], or any type a hand-off imports into), made from the
+//! execution's [`OutputBuffer`]s.
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, OutputBuffer};
 use crate::error::{Result, XlaError};
 use crate::few::Few;
 use handoff_runtime::{Export, Importable, Stream};
 use std::marker::PhantomData;
 
-/// What one output of a call can be returned as: an XLA [`Buffer`] as it is, or any
-/// type a hand-off imports into ([`Importable`]: a `tch::Tensor`, a `TorchTensor`, a
+/// What one output of a call can be returned as: an XLA [`Buffer`], or any type a
+/// hand-off imports into ([`Importable`]: a `tch::Tensor`, a `TorchTensor`, a
 /// `CudaTensor`, your own type). `Via` is inferred.
 pub trait Output<Via>: Sized {
-    /// Turns an output buffer into `Self`, consumed on `consumer`.
-    fn from_output(buffer: Buffer, consumer: &Stream) -> Result<Self>;
+    /// Turns an execution's output into `Self`, consumed on `consumer`.
+    fn from_output(output: OutputBuffer, consumer: &Stream) -> Result<Self>;
 }
 
 /// The marker of [`Output`] for [`Importable`] types (inferred, never written).
@@ -22,19 +23,19 @@ pub struct Imported<V>(PhantomData<V>);
 pub enum AsIs {}
 
 impl<T: Importable<V>, V> Output<Imported<V>> for T {
-    fn from_output(buffer: Buffer, consumer: &Stream) -> Result<T> {
-        Ok(T::import_handoff(buffer.export(consumer)?)?)
+    fn from_output(output: OutputBuffer, consumer: &Stream) -> Result<T> {
+        Ok(T::import_handoff(output.export(consumer)?)?)
     }
 }
 
 impl Output<AsIs> for Buffer {
-    fn from_output(buffer: Buffer, _consumer: &Stream) -> Result<Buffer> {
-        Ok(buffer)
+    fn from_output(output: OutputBuffer, _consumer: &Stream) -> Result<Buffer> {
+        Ok(output.into_buffer())
     }
 }
 
-/// The output buffers of one execution, in order: an iterator that knows its length
-/// (those of most programs are kept in place, without an allocation).
+/// The outputs of one execution, in order: an iterator that knows its length (those
+/// of most programs are kept in place, without an allocation).
 ///
 /// ```
 /// use handoff_xla::{Buffer, OutputBuffers, Outputs};
@@ -42,26 +43,26 @@ impl Output<AsIs> for Buffer {
 /// struct Last(Option<Buffer>);
 /// impl Outputs<()> for Last {
 ///     const COUNT: Option<usize> = None;
-///     fn from_outputs(buffers: OutputBuffers, _: &handoff_runtime::Stream) -> handoff_xla::Result<Last> {
-///         Ok(Last(buffers.last()))
+///     fn from_outputs(outputs: OutputBuffers, _: &handoff_runtime::Stream) -> handoff_xla::Result<Last> {
+///         Ok(Last(outputs.last().map(|o| o.into_buffer())))
 ///     }
 /// }
 /// ```
 pub struct OutputBuffers {
     len: usize,
-    buffers: <Few<Buffer> as IntoIterator>::IntoIter,
+    buffers: <Few<OutputBuffer> as IntoIterator>::IntoIter,
 }
 
 impl OutputBuffers {
-    pub(crate) fn new(buffers: Few<Buffer>) -> OutputBuffers {
+    pub(crate) fn new(buffers: Few<OutputBuffer>) -> OutputBuffers {
         OutputBuffers { len: buffers.len(), buffers: buffers.into_iter() }
     }
 }
 
 impl Iterator for OutputBuffers {
-    type Item = Buffer;
+    type Item = OutputBuffer;
 
-    fn next(&mut self) -> Option<Buffer> {
+    fn next(&mut self) -> Option<OutputBuffer> {
         let b = self.buffers.next()?;
         self.len -= 1;
         Some(b)
@@ -80,8 +81,8 @@ pub trait Outputs<Via>: Sized {
     /// How many outputs it holds (`None`: any number).
     const COUNT: Option<usize>;
 
-    /// Builds it from the program's outputs, consumed on `consumer`.
-    fn from_outputs(buffers: OutputBuffers, consumer: &Stream) -> Result<Self>;
+    /// Builds it from the execution's outputs, consumed on `consumer`.
+    fn from_outputs(outputs: OutputBuffers, consumer: &Stream) -> Result<Self>;
 }
 
 impl<Y: Output<W>, W, const N: usize> Outputs<W> for [Y; N] {
