@@ -9,7 +9,7 @@ use handoff::{
     Device, Export, Ready, Release, Stream, StreamOrdered, TensorDesc, dtype::DataType, transfer_into,
 };
 use handoff_torch::CurrentStream;
-use handoff_xla::{Buffer, Client, ClientOptions, Kernel, Plugin};
+use handoff_xla::{Buffer, Client, ClientOptions, Kernel, Plugin, ViewOptions};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -96,10 +96,14 @@ fn a_hand_off_allocates_its_dlpack_tensor_and_nothing_else() {
     assert_eq!(xla_export, 1, "an XLA export: its DLPack tensor");
     let to_torch = per_call(|| drop(transfer_into::<Tensor, _, _>(&y, &CurrentStream).unwrap()));
     assert_eq!(to_torch, 1, "XLA -> torch: the export's DLPack tensor, no box in the import");
-    // A shared view of foreign memory: the export, the view's owner (shared with its
-    // watch) and the buffer's record.
+    // A shared view of foreign memory: the export and the buffer's record (PJRT's
+    // callback owns the hand-off itself); with a watch, the view's owner too.
     let view = per_call(|| drop(transfer_into::<Buffer, _, _>(&x, &client).unwrap()));
-    assert_eq!(view, 3, "torch -> XLA buffer");
+    assert_eq!(view, 2, "torch -> XLA buffer");
+    let watched = ViewOptions::default().watched();
+    let watched_view =
+        per_call(|| drop(client.import_with(handoff_torch::export(&x, &host).unwrap(), watched).unwrap()));
+    assert_eq!(watched_view, 3, "torch -> XLA buffer with a watch");
 }
 
 #[test]

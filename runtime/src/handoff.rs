@@ -501,6 +501,9 @@ fn lay_out(desc: &TensorDesc<'_>, owner_words: usize) -> Result<(managed::Laid, 
         flags,
     };
     let laid = managed::lay_out(&parts, owner_words)?;
+    // Compact strides reach exactly the elements: checked as compact, without
+    // walking them.
+    let parts = if laid.compact { Parts { strides: None, ..parts } } else { parts };
     Ok((laid, validate::check_parts(&parts, Access::Read)?.device))
 }
 

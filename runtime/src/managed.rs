@@ -89,6 +89,8 @@ pub(crate) struct Parts<'a> {
 /// into it. Not generic, so that every hand-off runs the same code up to its owner.
 pub(crate) struct Laid {
     allocation: Allocation<DLManagedTensorVersioned>,
+    /// The strides laid out are the compact ones (given so, or none given).
+    pub compact: bool,
     ndim: usize,
     owner_words: usize,
     data: *mut c_void,
@@ -126,6 +128,7 @@ pub(crate) fn lay_out(parts: &Parts<'_>, owner_words: usize) -> Result<Laid> {
     }
     Ok(Laid {
         allocation,
+        compact: matches!(strides, Strides::Compact),
         ndim,
         owner_words,
         data: parts.data,
@@ -160,7 +163,7 @@ impl<K: Send + 'static> Prepared<K> {
     /// the tensor, the owner's [`Head`] (`Owner` is `repr(C)` with the head first),
     /// valid until the tensor's deleter runs.
     pub(crate) fn finish(self, mut owner: Owner<K>) -> std::result::Result<Finished, (Error, Option<K>)> {
-        let Laid { mut allocation, ndim, owner_words: room, data, device, dtype, byte_offset, flags } =
+        let Laid { mut allocation, ndim, owner_words: room, data, device, dtype, byte_offset, flags, .. } =
             self.laid;
         if room < owner_words::<K>() {
             let e = Error::Adapter {

@@ -218,7 +218,10 @@ impl Buffer {
         self.inner.copied
     }
 
-    /// For a view of foreign memory: a handle telling whether PJRT gave it back.
+    /// For a view of foreign memory imported with [`ViewOptions::watched`]
+    /// (or a copy of it): a handle telling whether PJRT gave it back.
+    ///
+    /// [`ViewOptions::watched`]: crate::ViewOptions::watched
     pub fn view_watch(&self) -> Option<ViewWatch> {
         self.inner.view.clone()
     }

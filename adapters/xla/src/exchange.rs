@@ -34,8 +34,8 @@ pub const CPU_ALIGNMENT: usize = 64;
 /// Options of [`Client::import_with`].
 ///
 /// ```
-/// let o = handoff_xla::ViewOptions::default().allow_copy();
-/// assert!(o.allow_copy);
+/// let o = handoff_xla::ViewOptions::default().allow_copy().watched();
+/// assert!(o.allow_copy && o.watch);
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ViewOptions {
@@ -45,9 +45,19 @@ pub struct ViewOptions {
     /// The device to view the memory on, by index (default: the device the
     /// hand-off names; on CPU device 0).
     pub device: Option<usize>,
+    /// Give the view a [`ViewWatch`] ([`Buffer::view_watch`]), which says when PJRT
+    /// let go of the memory: one allocation more per view, shared with PJRT's
+    /// callback. Without it, the callback releases the hand-off itself.
+    pub watch: bool,
 }
 
 impl ViewOptions {
+    /// Gives the view a [`ViewWatch`].
+    pub fn watched(mut self) -> Self {
+        self.watch = true;
+        self
+    }
+
     /// Allows a copy when a zero-copy view is impossible.
     pub fn allow_copy(mut self) -> Self {
         self.allow_copy = true;
@@ -179,6 +189,7 @@ fn cached_ready_stream(client: &Client, device: usize) -> Result<&Stream> {
 /// counted in `stats` as an import.
 pub(crate) fn import(client: &Client, handoff: Handoff, options: ViewOptions) -> Result<Buffer> {
     let buffer = match prepare(client, handoff, options)? {
+        Viewable::Handoff(v) if !options.watch => v.into_raw_view(client).map(|v| v.into_buffer(client)),
         Viewable::Handoff(v) => v.into_buffer(client),
         Viewable::Copy(v) => v.into_buffer(client),
     }?;
@@ -341,13 +352,13 @@ impl<K: Send + 'static> ViewOf<K> {
 }
 
 impl ViewOf<Handoff> {
-    /// A bare view over the hand-off's memory for one use (a kernel call's input):
-    /// PJRT's `on_delete_callback` releases the hand-off itself, with nothing
-    /// allocated around it.
-    pub(crate) fn into_raw_view(self, client: &Client) -> Result<RawBuffer> {
+    /// A bare view over the hand-off's memory: PJRT's `on_delete_callback` releases
+    /// the hand-off itself, with nothing allocated around it (a kernel call's input,
+    /// or a shared [`Buffer`] without a watch).
+    pub(crate) fn into_raw_view(self, client: &Client) -> Result<BareView> {
         let ctx = self.keep_alive.into_raw();
         match self.memory.create(client, release_handoff, ctx.cast()) {
-            Ok(raw) => Ok(RawBuffer { api: client.inner.api(), raw }),
+            Ok(raw) => Ok(BareView { raw: RawBuffer { api: client.inner.api(), raw }, memory: self.memory }),
             Err(e) => {
                 // SAFETY: on error PJRT did not take `ctx`: the hand-off is still ours,
                 // released once.
@@ -355,6 +366,24 @@ impl ViewOf<Handoff> {
                 Err(e)
             }
         }
+    }
+}
+
+/// A view PJRT made over a hand-off's memory, owning the hand-off through its
+/// callback, with what it was made of.
+pub(crate) struct BareView {
+    pub(crate) raw: RawBuffer,
+    memory: Memory,
+}
+
+impl BareView {
+    /// The view as a shared buffer, without a watch.
+    fn into_buffer(self, client: &Client) -> Buffer {
+        let raw = std::mem::ManuallyDrop::new(self.raw).raw;
+        let m = self.memory;
+        // SAFETY: an owned buffer of this client (taken out of `RawBuffer`, which is
+        // not dropped), just made with this dtype, shape and device.
+        unsafe { Buffer::from_parts(client.inner.clone(), raw, m.dtype, &m.shape, m.device, m.copied, None) }
     }
 }
 

@@ -184,7 +184,10 @@ fn host_view_is_zero_copy_and_writes_are_seen() {
     let mut block = Box::new(Aligned::<32>([1.0; 32]));
     let ptr = block.0.as_mut_ptr();
     let released = Arc::new(AtomicBool::new(false));
-    let (x, d) = stats::measure(|| c.import(host_handoff(Flag(released.clone()), ptr, &[4, 8])).unwrap());
+    let watched = ViewOptions::default().watched();
+    let (x, d) = stats::measure(|| {
+        c.import_with(host_handoff(Flag(released.clone()), ptr, &[4, 8]), watched).unwrap()
+    });
     assert_eq!((d.copies, d.host_syncs), (0, 0));
     assert!(!x.is_copied());
     assert_eq!(x.device_pointer().unwrap() as *mut f32, ptr, "the view aliases the memory");
@@ -217,7 +220,8 @@ fn on_delete_waits_for_a_running_execution() {
         let data = Box::new(data);
         let ptr = data.as_ptr() as *const f32;
         let released = Arc::new(AtomicBool::new(false));
-        let x = c.import(host_handoff((data, Flag(released.clone())), ptr, &[1024, 1024])).unwrap();
+        let h = host_handoff((data, Flag(released.clone())), ptr, &[1024, 1024]);
+        let x = c.import_with(h, ViewOptions::default().watched()).unwrap();
         let watch = x.view_watch().unwrap();
         let out = exe.execute(&[&x, &gamma, &beta]).unwrap().remove(0);
         let running = !out.is_ready().unwrap();

@@ -8,6 +8,7 @@ mod common;
 use handoff_runtime::{
     Device, Export, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType, reaper, stats,
 };
+use handoff_xla::ViewOptions;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -40,20 +41,33 @@ fn views_and_exports_are_released_exactly_once() {
             Release::AfterConsumer,
         )
         .unwrap();
-        let view = c.import(h).unwrap();
-        let watch = view.view_watch().expect("an imported buffer is a view");
-        assert!(!watch.is_released());
+        // Every other pair of rounds, a view without a watch: PJRT's callback then
+        // releases the hand-off itself (the owner's drops still count it).
+        let watched = i % 4 < 2;
+        let view = c.import_with(h, ViewOptions { watch: watched, ..ViewOptions::default() }).unwrap();
+        let watch = view.view_watch();
+        assert_eq!(watch.is_some(), watched, "a watch only when asked for");
+        let released = || watch.as_ref().is_none_or(|w| w.is_released());
+        assert!(watch.as_ref().is_none_or(|w| !w.is_released()));
         // Every other round, export the view back out and drop the export first.
         if i % 2 == 0 {
             let out = view.clone().export(&Stream::host()).unwrap();
             assert_eq!(out.shape(), &[16]);
             drop(view);
-            assert!(!watch.is_released(), "released while an export still holds the buffer");
+            assert!(
+                watch.as_ref().is_none_or(|w| !w.is_released()),
+                "released while an export still holds the buffer"
+            );
+            assert_eq!(
+                drops.load(Ordering::SeqCst),
+                i,
+                "round {i}: released while an export still holds the buffer"
+            );
             drop(out);
         } else {
             drop(view);
         }
-        assert!(watch.is_released(), "round {i}: PJRT did not release an idle view at destroy");
+        assert!(released(), "round {i}: PJRT did not release an idle view at destroy");
         assert_eq!(drops.load(Ordering::SeqCst), i + 1, "round {i}: owner dropped a wrong number of times");
     }
     // Exports of PJRT-owned buffers: the external reference goes back each time.

@@ -39,11 +39,18 @@ impl PartialEq for Home {
 }
 
 /// The keep-alives posted to one thread, and since when the oldest waits.
+///
+/// A post and a take touch this slot alone (no count shared by all threads): a
+/// hand-off given back on PJRT's thread every call, and taken on its home thread,
+/// moves no other cache line between the two.
 struct Slot {
     posted: Mutex<Posted>,
     /// Something was posted and not taken yet: what the home thread checks, without
-    /// the lock, at each release.
+    /// the lock, at each release, and the reaper's thread when it decides to park.
     waiting: AtomicBool,
+    /// How many batches taken out of this slot are being dropped now: a flush that
+    /// finds the homes empty waits for these, since they may be what it waits for.
+    dropping: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -56,11 +63,6 @@ struct Posted {
     generation: u64,
 }
 
-/// How many homes hold something: the reaper's thread polls while any does.
-static HOMES_WAITING: AtomicUsize = AtomicUsize::new(0);
-/// How many batches taken out of homes are being dropped now: a flush that finds
-/// the homes empty waits for these, since they may be what it waits for.
-static DROPPING: AtomicUsize = AtomicUsize::new(0);
 /// Every slot ever made (they are reused, never freed), for flushes and the reaper.
 static HOMES: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
 /// Slots whose thread ended, for the next thread.
@@ -80,6 +82,7 @@ impl Local {
             let slot: &'static Slot = Box::leak(Box::new(Slot {
                 posted: Mutex::new(Posted::default()),
                 waiting: AtomicBool::new(false),
+                dropping: AtomicUsize::new(0),
             }));
             locked(&HOMES).push(slot);
             slot
@@ -100,7 +103,7 @@ impl Drop for Local {
             posted.open = false;
             take(slot, &mut posted, &mut items);
         }
-        drop_taken(&mut items);
+        drop_taken(slot, &mut items);
         locked(&FREE).push(slot);
     }
 }
@@ -146,10 +149,10 @@ fn give_as<K>(home: Option<Home>, keep_alive: K, erase: impl FnOnce(K) -> KeepAl
         posted.items.push(erase(keep_alive));
         let first = posted.since.is_none();
         if first {
-            // Counted under the home's lock, as `take` uncounts it.
+            // Set under the home's lock, as `take` clears it; sequentially consistent,
+            // as `keep_polling`'s read of the reaper's parking is (see there).
             posted.since = Some(Instant::now());
-            slot.waiting.store(true, Ordering::Release);
-            HOMES_WAITING.fetch_add(1, Ordering::SeqCst);
+            slot.waiting.store(true, Ordering::SeqCst);
         }
         first
     };
@@ -175,7 +178,7 @@ pub fn take_returns() {
     // allocates once both lists have room.
     let mut items = SPARE.try_with(Cell::take).unwrap_or_default();
     take(slot, &mut locked(&slot.posted), &mut items);
-    drop_taken(&mut items);
+    drop_taken(slot, &mut items);
     let _ = SPARE.try_with(|s| s.set(items));
 }
 
@@ -184,41 +187,42 @@ thread_local! {
     static SPARE: Cell<Vec<KeepAlive>> = const { Cell::new(Vec::new()) };
 }
 
-/// Swaps what waits in `home` (its lock held by the caller) with `into` (empty),
-/// counted in [`DROPPING`] until [`drop_taken`] dropped it.
+/// Swaps what waits in `slot` (its lock held by the caller) with `into` (empty),
+/// counted in its `dropping` until [`drop_taken`] dropped it.
 fn take(slot: &Slot, posted: &mut Posted, into: &mut Vec<KeepAlive>) {
     if posted.since.take().is_some() {
         slot.waiting.store(false, Ordering::Release);
-        HOMES_WAITING.fetch_sub(1, Ordering::SeqCst);
     }
     into.clear();
     std::mem::swap(&mut posted.items, into);
     if !into.is_empty() {
-        DROPPING.fetch_add(1, Ordering::SeqCst);
+        slot.dropping.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 thread_local! {
-    /// How many of [`DROPPING`]'s batches this thread is dropping (nested when a
+    /// How many of the slots' `dropping` batches this thread is dropping (nested when a
     /// keep-alive's drop releases more): a flush inside such a drop does not wait
     /// for itself.
     static MINE: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Drops what [`take`] took (leaving `items` empty, with its room), then uncounts it.
-fn drop_taken(items: &mut Vec<KeepAlive>) {
+/// Drops what [`take`] took out of `slot` (leaving `items` empty, with its room),
+/// then uncounts it.
+fn drop_taken(slot: &Slot, items: &mut Vec<KeepAlive>) {
     if items.is_empty() {
         return;
     }
     let _ = MINE.try_with(|m| m.set(m.get() + 1));
     items.drain(..).for_each(drop_quietly);
     let _ = MINE.try_with(|m| m.set(m.get() - 1));
-    DROPPING.fetch_sub(1, Ordering::SeqCst);
+    slot.dropping.fetch_sub(1, Ordering::SeqCst);
 }
 
-/// Whether any home holds something.
+/// Whether any home holds something (the reaper's thread polls while one does):
+/// each slot's flag, read in order (a few, one per thread that made hand-offs).
 pub(crate) fn any_waiting() -> bool {
-    HOMES_WAITING.load(Ordering::SeqCst) > 0
+    locked(&HOMES).iter().any(|slot| slot.waiting.load(Ordering::SeqCst))
 }
 
 /// Drops, on the calling thread, what waits in any home for longer than `older`
@@ -239,7 +243,7 @@ pub(crate) fn take_all(older: Duration) -> usize {
             }
         }
         n += items.len();
-        drop_taken(&mut items);
+        drop_taken(slot, &mut items);
     }
     n
 }
@@ -249,7 +253,8 @@ pub(crate) fn take_all(older: Duration) -> usize {
 pub(crate) fn take_all_now() {
     take_all(Duration::ZERO);
     let mine = MINE.try_with(|m| m.get()).unwrap_or(0);
-    while DROPPING.load(Ordering::SeqCst) > mine {
+    let dropping = || locked(&HOMES).iter().map(|slot| slot.dropping.load(Ordering::SeqCst)).sum::<usize>();
+    while dropping() > mine {
         std::thread::sleep(Duration::from_micros(20));
     }
 }

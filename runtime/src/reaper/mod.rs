@@ -380,8 +380,8 @@ fn answer(query: impl FnOnce() -> crate::Result<bool>) -> Result<bool, String> {
 static PARKED: AtomicBool = AtomicBool::new(false);
 
 /// Makes sure the background thread polls (a home holds something): wakes it if it
-/// parked. It sets [`PARKED`] before it checks the homes one last time, and the
-/// caller counted its home before this reads [`PARKED`] (both sequentially
+/// parked. It sets [`PARKED`] before it checks the homes' flags one last time, and
+/// the caller flagged its home before this reads [`PARKED`] (both sequentially
 /// consistent), so one of the two sees the other.
 fn keep_polling() {
     let r = reaper();

@@ -89,9 +89,10 @@ impl Inputs<'_> {
         if handoff.is_read_only() {
             self.read_only.push(self.buffers.len() as i64);
         }
-        let options = ViewOptions { allow_copy: self.options.allow_copy, device: Some(k.device.index) };
+        let options =
+            ViewOptions { allow_copy: self.options.allow_copy, device: Some(k.device.index), watch: false };
         let input = match exchange::prepare(&k.client, handoff, options)? {
-            Viewable::Handoff(v) => Input::View(v.into_raw_view(&k.client)?),
+            Viewable::Handoff(v) => Input::View(v.into_raw_view(&k.client)?.raw),
             Viewable::Copy(v) => Input::Shared(v.into_buffer(&k.client)?),
         };
         handoff_runtime::__private::counted_import();
