@@ -228,12 +228,8 @@ impl Buffer {
 
     /// The buffer's ready event (the caller owns it).
     pub fn ready_event(&self) -> Result<PjrtEvent> {
-        // SAFETY: live buffer; the returned event is ours.
-        let raw = unsafe { result::buffer::ready_event(self.api(), self.raw())? };
-        // SAFETY: an owned event of this plugin.
-        unsafe { PjrtEvent::from_raw(self.api(), raw) }.ok_or_else(|| {
-            XlaError::invalid("PJRT_Buffer_ReadyEvent.event", "null", "the plugin returned no event")
-        })
+        // SAFETY: a live buffer of this plugin.
+        unsafe { ready_event_of(self.api(), self.raw()) }
     }
 
     /// Whether the buffer's data is ready. Never blocks.
@@ -288,6 +284,19 @@ impl Buffer {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr() as *mut u8, n) };
         Ok(out)
     }
+}
+
+/// The ready event of a raw buffer (the caller owns it).
+///
+/// # Safety
+/// `raw` must be a live buffer of `api`'s plugin.
+pub(crate) unsafe fn ready_event_of(api: Api, raw: *mut sys::PJRT_Buffer) -> Result<PjrtEvent> {
+    // SAFETY: forwarded; the returned event is ours.
+    let event = unsafe { result::buffer::ready_event(api, raw)? };
+    // SAFETY: an owned event of this plugin.
+    unsafe { PjrtEvent::from_raw(api, event) }.ok_or_else(|| {
+        XlaError::invalid("PJRT_Buffer_ReadyEvent.event", "null", "the plugin returned no event")
+    })
 }
 
 /// The element type, dimensions and device index of a raw buffer, asked of PJRT.

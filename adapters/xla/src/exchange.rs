@@ -6,14 +6,20 @@
 //!   device's `get_stream_for_external_ready_events` stream (no host wait) and that
 //!   stream is passed as the view's `stream`, as JAX does. On CPU, memory not aligned
 //!   to 64 bytes is refused unless a copy is asked for.
+//!   The view owns the hand-off itself through PJRT's callback; a
+//!   [`ViewWatch`] ([`ViewOptions::watched`]) adds a shared owner
+//!   that says when PJRT let go. A kernel call's inputs are bare views of the same
+//!   kind, held for its one execution.
 //! - **Export** (`Buffer`'s [`Export`] impl): `IncreaseExternalReferenceCount` +
 //!   `OpaqueDeviceMemoryDataPointer`; on CUDA the consumer stream waits for the buffer
 //!   with the stream extension's `wait_until_buffer_ready_on_stream` (no host wait);
 //!   on CPU the buffer's ready event is checked, and awaited (a counted host sync)
 //!   only if still pending. The external reference is given back only after the
-//!   consumer's stream work has completed (the reaper).
+//!   consumer's stream work has completed (the reaper). An execution's
+//!   [`OutputBuffer`] has one owner, so its export takes no
+//!   external reference: the hand-off owns the buffer, destroyed after the consumer.
 
-use crate::buffer::{Buffer, OutputBuffer, PjrtEvent, RawBuffer, Released, ViewWatch};
+use crate::buffer::{Buffer, OutputBuffer, RawBuffer, Released, ViewWatch, ready_event_of};
 use crate::client::{Client, ClientInner, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
@@ -140,7 +146,7 @@ unsafe extern "C" fn on_delete<K: Send + 'static>(_data: *mut c_void, user_arg: 
 }
 
 /// PJRT's `on_delete_callback` of a view that owns its hand-off directly (a kernel
-/// call's input): releases it as dropping it would. Runs on whatever thread PJRT
+/// call's input, a view without a watch): releases it as dropping it would. Runs on whatever thread PJRT
 /// deletes the buffer on; never unwinds.
 unsafe extern "C" fn release_handoff(_data: *mut c_void, user_arg: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -432,12 +438,8 @@ fn ready_on(
                     to: consumer.device(),
                 });
             }
-            // SAFETY: a live buffer; the event is ours.
-            let event = unsafe { result::buffer::ready_event(api, raw)? };
-            // SAFETY: an owned event of this plugin.
-            let ev = unsafe { PjrtEvent::from_raw(api, event) }.ok_or_else(|| {
-                XlaError::invalid("PJRT_Buffer_ReadyEvent.event", "null", "the plugin returned no event")
-            })?;
+            // SAFETY: a live buffer of this client's plugin.
+            let ev = unsafe { ready_event_of(api, raw) }?;
             match ev.status()? {
                 Some(status) => {
                     handoff_runtime::__private::counted_wait_elided();
