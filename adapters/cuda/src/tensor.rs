@@ -5,7 +5,7 @@ use crate::context::{context_ref, refuse, stream_of};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys};
 use dlpark::DlpackElement;
 use handoff_runtime::{
-    Device, Error, Export, Handoff, Import, Release, Result, Stream, StreamOrdered, TensorDesc, cuda, order,
+    Device, Error, Export, Handoff, Import, Result, Stream, StreamOrdered, TensorDesc, cuda, order,
 };
 use handoff_runtime::{Ready, dtype::name as dtype_name};
 use std::mem::ManuallyDrop;
@@ -287,27 +287,6 @@ impl<T: DlpackElement + 'static> Export for CudaTensor<T> {
         .with_strides(self.strides());
         desc.read_only = self.is_read_only();
         Ok(desc)
-    }
-
-    /// Makes the tensor ready on `consumer` and wraps it, as [`Handoff::export`] does;
-    /// an owned tensor's hand-off keeps its slice alone (freed by cudarc on its own
-    /// stream once released), not the tensor around it.
-    fn export(self, consumer: &Stream) -> Result<Handoff> {
-        let release = if self.releases_on(consumer) { Release::Immediately } else { Release::AfterConsumer };
-        let ready = self.ready_on(consumer)?;
-        match self.storage {
-            Storage::Owned { slice, shape, strides, .. } => {
-                let data = self.ptr as usize as *mut std::ffi::c_void;
-                let desc = TensorDesc::new(data, Device::Cuda(self.ordinal), T::DTYPE, &shape[..])
-                    .with_strides(&strides[..]);
-                Handoff::from_desc(slice, &desc, consumer, ready, release)
-            }
-            // A view keeps the hand-off it came from (and its slice view, leaked).
-            storage => {
-                let view = CudaTensor { storage, ..self };
-                Handoff::with_keep_alive(view, |t| t.describe(), consumer, ready, release)
-            }
-        }
     }
 }
 
