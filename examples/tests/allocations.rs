@@ -5,11 +5,14 @@
 //!
 //! Needs the CPU PJRT plugin of `HANDOFF_PJRT_PLUGIN` (`cargo xtask env`).
 
+mod common;
+
+use common::cpu_client;
 use handoff::{
     Device, Export, Ready, Release, Stream, StreamOrdered, TensorDesc, dtype::DataType, transfer_into,
 };
 use handoff_torch::CurrentStream;
-use handoff_xla::{Buffer, Client, ClientOptions, Kernel, Plugin, ViewOptions};
+use handoff_xla::{Buffer, Kernel, ViewOptions};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -61,24 +64,6 @@ fn per_call(mut f: impl FnMut()) -> usize {
     let before = ALLOCATIONS.with(Cell::get);
     (0..100).for_each(|_| f());
     (ALLOCATIONS.with(Cell::get) - before) / 100
-}
-
-/// The CPU client, or `None` (printed) without the CPU plugin.
-fn cpu_client() -> Option<Client> {
-    let Ok(plugin) = Plugin::from_env() else {
-        assert!(
-            std::env::var_os("HANDOFF_XLA_SKIP_CPU_TESTS").is_some(),
-            "{} is not set: run `cargo xtask setup`",
-            handoff_xla::PLUGIN_ENV
-        );
-        println!("SKIPPED: no PJRT plugin and HANDOFF_XLA_SKIP_CPU_TESTS set");
-        return None;
-    };
-    if plugin.is_gpu() {
-        println!("SKIPPED: HANDOFF_PJRT_PLUGIN is a GPU plugin; this test needs the CPU one");
-        return None;
-    }
-    Some(Client::new(plugin, &ClientOptions::default()).unwrap())
 }
 
 #[test]

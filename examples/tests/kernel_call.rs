@@ -8,11 +8,14 @@
 //! sync behind 50 ms of queued work, and a control that drops the wait and reads stale
 //! data. The programs are embedded, so the binary runs from any directory.
 
+mod common;
+
+use common::cpu_client;
 use handoff::storage::{Storage, Typed};
 use handoff::{DlpackExchange, Stream, stats, transfer, transfer_into};
 use handoff_examples::model;
 use handoff_torch::{CurrentStream, TorchTensor};
-use handoff_xla::{Buffer, Client, ClientOptions, CompileOptions, Kernel, Plugin, Source};
+use handoff_xla::{Buffer, Client, ClientOptions, CompileOptions, Kernel, Source};
 use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 
@@ -25,22 +28,6 @@ const RESIDUAL_CPU_CUDA: &[u8] =
 fn kernel(client: &Client, bytes: &[u8]) -> Kernel {
     let source = Source::from_bytes(bytes.to_vec(), None).unwrap();
     Kernel::compile(client, source, &CompileOptions::default()).unwrap()
-}
-
-/// The CPU client, or `None` (printed) when `HANDOFF_XLA_SKIP_CPU_TESTS=1` and no plugin is set.
-fn cpu_client() -> Option<Client> {
-    if std::env::var_os(handoff_xla::PLUGIN_ENV).is_none()
-        && std::env::var_os("HANDOFF_XLA_SKIP_CPU_TESTS").is_some()
-    {
-        println!("SKIPPED: HANDOFF_PJRT_PLUGIN unset and HANDOFF_XLA_SKIP_CPU_TESTS set");
-        return None;
-    }
-    let plugin = Plugin::from_env().unwrap_or_else(|e| panic!("{e} (run `cargo xtask setup`)"));
-    if plugin.is_gpu() {
-        println!("SKIPPED: HANDOFF_PJRT_PLUGIN is a GPU plugin; the CPU tests need the CPU one");
-        return None;
-    }
-    Some(Client::new(plugin, &ClientOptions::default()).unwrap())
 }
 
 fn close(a: &Tensor, b: &Tensor) -> bool {

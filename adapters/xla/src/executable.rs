@@ -353,13 +353,13 @@ impl Executable {
                 // asked) output type and shape, on the device it was run on.
                 unsafe { OutputBuffer::from_parts(&self.client, raw, dtype, shape, index) }
             });
-            if made.is_err() {
-                // SAFETY: owned output, destroyed once on this error path.
-                let _ = unsafe { result::buffer::destroy(api, raw) };
-            }
             match made {
                 Ok(b) => buffers.push(b),
-                Err(e) => failed = Some(e),
+                Err(e) => {
+                    // SAFETY: owned output, destroyed once on this error path.
+                    let _ = unsafe { result::buffer::destroy(api, raw) };
+                    failed = Some(e);
+                }
             }
         }
         match failed {

@@ -228,13 +228,13 @@ pub(crate) fn any_waiting() -> bool {
 /// Drops, on the calling thread, what waits in any home for longer than `older`
 /// (everything with `Duration::ZERO`). Returns how many it dropped.
 pub(crate) fn take_all(older: Duration) -> usize {
-    if !any_waiting() {
-        return 0;
-    }
-    let slots = locked(&HOMES).clone();
+    // The slots whose flag says they hold something, under one lock (no list is made
+    // when none does); each is checked again under its own lock below.
+    let waiting: Vec<&'static Slot> =
+        locked(&HOMES).iter().copied().filter(|slot| slot.waiting.load(Ordering::SeqCst)).collect();
     let mut n = 0;
     let mut items = Vec::new();
-    for slot in slots {
+    for slot in waiting {
         {
             let mut posted = locked(&slot.posted);
             match posted.since {
