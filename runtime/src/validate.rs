@@ -75,8 +75,11 @@ pub(crate) unsafe fn check(
 /// foreign tensor [`check`] has accepted, re-wrapped): the same rules as [`check`]
 /// but the structural reading of a foreign `DLTensor`, which `managed::prepare` did
 /// when it laid the shape and strides out (rank, negative dimensions, lengths).
+/// Inlined into its one caller (on every hand-off's path), which passes the parts
+/// it has just written.
 ///
 /// [`TensorDesc`]: crate::TensorDesc
+#[inline(always)]
 pub(crate) fn check_parts(parts: &Parts<'_>, access: Access) -> Result<Checked, ValidationError> {
     let device = check_scalars(parts.device, parts.dtype, parts.flags)?;
     let layout = Layout {
