@@ -26,9 +26,13 @@ impl Dims {
 impl From<&[i64]> for Dims {
     fn from(values: &[i64]) -> Dims {
         if values.len() <= Dims::INLINE {
-            let mut inline = [0; Dims::INLINE];
-            inline[..values.len()].copy_from_slice(values);
-            Dims(Repr::Inline { len: values.len() as u8, values: inline })
+            // Filled where it is returned: an array filled first and then moved in
+            // would be read back from stores just made, which stalls.
+            let mut dims = Dims(Repr::Inline { len: values.len() as u8, values: [0; Dims::INLINE] });
+            if let Repr::Inline { values: inline, .. } = &mut dims.0 {
+                inline[..values.len()].copy_from_slice(values);
+            }
+            dims
         } else {
             Dims(Repr::Heap(values.to_vec()))
         }

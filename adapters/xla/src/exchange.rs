@@ -230,6 +230,9 @@ pub(crate) enum Viewable {
 
 /// Checks the hand-off for a view by `client` and orders it before XLA's ready
 /// stream (GPU); copies host memory XLA cannot view when `options` allow it.
+/// Inlined: what it returns is moved straight on to the view's PJRT call, not copied
+/// through the stack.
+#[inline(always)]
 pub(crate) fn prepare(client: &Client, handoff: Handoff, options: ViewOptions) -> Result<Viewable> {
     let dtype = handoff.dtype();
     let t = dtype::to_pjrt(dtype).ok_or_else(|| {
@@ -361,6 +364,7 @@ impl ViewOf<Handoff> {
     /// A bare view over the hand-off's memory: PJRT's `on_delete_callback` releases
     /// the hand-off itself, with nothing allocated around it (a kernel call's input,
     /// or a shared [`Buffer`] without a watch).
+    #[inline(always)]
     pub(crate) fn into_raw_view(self, client: &Client) -> Result<BareView> {
         let ctx = self.keep_alive.into_raw();
         match self.memory.create(client, release_handoff, ctx.cast()) {
