@@ -306,6 +306,7 @@ impl Handoff {
     }
 
     /// Gives the hand-off to a consumer type (counted as an import).
+    #[inline]
     pub fn import<T: Import>(self) -> Result<T> {
         stats::count(Counter::Imports, 1);
         T::from_handoff(self)

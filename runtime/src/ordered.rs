@@ -75,7 +75,8 @@ pub trait StreamOrdered {
 /// override it but keep the rule.
 pub fn order(producer: Option<&Stream>, consumer: &Stream) -> Result<Ready> {
     let producer = match producer {
-        Some(p) if !p.is_host() && p != consumer => p,
+        // The cheap comparison first: `is_host` asks the backend.
+        Some(p) if p != consumer && !p.is_host() => p,
         _ => {
             stats::count(Counter::WaitsElided, 1);
             return Ok(Ready::Elided);
