@@ -1,11 +1,18 @@
 //! Host cost of the hand-off machinery on the CPU machine, so that a regression shows
-//! without a GPU: export + drop of host memory, mock same-stream and cross-stream
-//! round trips (record + wait + deferred release included), and validation of a
-//! foreign DLPack tensor. `cargo bench -p handoff-runtime`.
+//! without a GPU: export + drop of host memory, a same-stream round trip on a device
+//! stream whose backend does nothing (the runtime's share of a CUDA same-stream
+//! hand-off: the consumer stream's owner cloned, the description laid out and
+//! checked, the tensor imported), mock same-stream and cross-stream round trips
+//! (record + wait + deferred release included), and validation of a foreign DLPack
+//! tensor. `cargo bench -p handoff-runtime`.
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use handoff_runtime::mock::{Mock, MockTensor};
-use handoff_runtime::{Device, Export, Handoff, Result, Stream, StreamOrdered, TensorDesc, dtype::DataType};
+use handoff_runtime::{
+    Backend, Device, EventPool, Export, Handoff, Import, RawEvent, RawStream, Ready, Result, Stream,
+    StreamOrdered, TensorDesc, dtype::DataType, order,
+};
+use std::sync::Arc;
 
 struct HostVec(Vec<f32>, [i64; 2]);
 
@@ -24,7 +31,108 @@ impl Export for HostVec {
     }
 }
 
+/// A device backend whose calls do nothing: what is left is the runtime's own work.
+struct Idle(EventPool);
+
+impl Backend for Idle {
+    fn name(&self) -> &'static str {
+        "idle"
+    }
+    fn device(&self) -> Device {
+        Device::Cuda(0)
+    }
+    fn event_pool(&self) -> &EventPool {
+        &self.0
+    }
+    fn create_event(&self) -> Result<RawEvent> {
+        Ok(1)
+    }
+    fn destroy_event(&self, _: RawEvent) {}
+    fn record(&self, _: RawEvent, _: RawStream) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: RawEvent) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self, _: RawEvent) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A device tensor shaped like `handoff-cuda`'s owned one: its memory, its stream
+/// (with an owner, as a cudarc stream's), shape and strides; imported, the hand-off.
+enum DeviceTensor {
+    Owned { memory: Vec<f32>, stream: Stream, shape: Vec<i64>, strides: Vec<i64> },
+    Imported(Handoff),
+}
+
+impl DeviceTensor {
+    fn new(stream: &Stream) -> DeviceTensor {
+        DeviceTensor::Owned {
+            memory: vec![0.0; 256],
+            stream: stream.clone(),
+            shape: vec![16, 16],
+            strides: vec![16, 1],
+        }
+    }
+
+    fn on(&self) -> &Stream {
+        match self {
+            DeviceTensor::Owned { stream, .. } => stream,
+            DeviceTensor::Imported(h) => h.consumer_stream(),
+        }
+    }
+}
+
+impl StreamOrdered for DeviceTensor {
+    fn device(&self) -> Device {
+        Device::Cuda(0)
+    }
+    fn stream(&self) -> Option<Stream> {
+        Some(self.on().clone())
+    }
+    fn releases_on(&self, consumer: &Stream) -> bool {
+        self.on() == consumer
+    }
+    fn ready_on(&self, consumer: &Stream) -> Result<Ready> {
+        order(Some(self.on()), consumer)
+    }
+}
+
+impl Export for DeviceTensor {
+    fn describe(&self) -> Result<TensorDesc<'_>> {
+        match self {
+            DeviceTensor::Owned { memory, shape, strides, .. } => {
+                Ok(TensorDesc::new(memory.as_ptr() as *mut _, Device::Cuda(0), DataType::F32, &shape[..])
+                    .with_strides(&strides[..]))
+            }
+            DeviceTensor::Imported(h) => Ok(h.desc()),
+        }
+    }
+}
+
+impl Import for DeviceTensor {
+    fn from_handoff(handoff: Handoff) -> Result<DeviceTensor> {
+        assert!(handoff.dtype() == DataType::F32 && handoff.is_contiguous());
+        Ok(DeviceTensor::Imported(handoff))
+    }
+}
+
 fn bench(c: &mut Criterion) {
+    let idle: Arc<dyn Backend> = Arc::new(Idle(EventPool::new()));
+    let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(());
+    let device = Stream::new(idle, 0x1000).with_owner(owner);
+    c.bench_function("device same-stream export + import + drop (idle backend)", |b| {
+        b.iter_batched(
+            || DeviceTensor::new(&device),
+            |x| drop(black_box(x.export(&device).unwrap().import::<DeviceTensor>().unwrap())),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+
     let host = Stream::host();
     c.bench_function("host export + drop", |b| {
         b.iter_batched(
