@@ -148,6 +148,8 @@ pub struct Handoff {
     /// (`managed::Owner`): valid as long as `managed` is owned here.
     head: NonNull<Head>,
     ready: Ready,
+    /// The strides are compact row-major (known when they were laid out).
+    compact: bool,
 }
 
 // SAFETY: `head` points into the managed tensor this value owns, whose `Stream` is
@@ -219,9 +221,9 @@ impl Handoff {
     ) -> Result<Handoff> {
         let prepared = managed::Prepared::<K>::for_owner(laid);
         let after_consumer = release == Release::AfterConsumer;
-        let (managed, head) = prepared.finish(consumer, after_consumer, keep_alive).map_err(|(e, _)| e)?;
+        let f = prepared.finish(consumer, after_consumer, keep_alive).map_err(|(e, _)| e)?;
         stats::count(Counter::Exports, 1);
-        Ok(Handoff { managed: ManuallyDrop::new(managed), device, head, ready })
+        Ok(Handoff { managed: ManuallyDrop::new(f.managed), device, head: f.head, ready, compact: f.compact })
     }
 
     /// Takes in a foreign `DLManagedTensorVersioned` that its producer has already
@@ -300,9 +302,10 @@ impl Handoff {
             flags,
         };
         let prepared = managed::prepare::<Managed<M>>(&parts)?;
-        let (managed, head) = prepared.finish(consumer, true, foreign).map_err(|(e, _)| e)?;
+        let f = prepared.finish(consumer, true, foreign).map_err(|(e, _)| e)?;
         stats::count(Counter::Imports, 1);
-        Ok(Handoff { managed: ManuallyDrop::new(managed), device, head, ready: Ready::Elided })
+        let (head, compact) = (f.head, f.compact);
+        Ok(Handoff { managed: ManuallyDrop::new(f.managed), device, head, ready: Ready::Elided, compact })
     }
 
     /// Gives the hand-off to a consumer type (counted as an import).
@@ -405,7 +408,7 @@ impl Handoff {
     /// dimensions, and of tensors with no elements, do not matter (as in DLPack and
     /// PyTorch), so `torch.ones(1, 8).t()` (shape `[8, 1]`, strides `[1, 8]`) is compact.
     pub fn is_contiguous(&self) -> bool {
-        validate::is_compact(self.shape(), self.strides())
+        self.compact
     }
 
     /// The base address.

@@ -147,8 +147,13 @@ pub(crate) const fn owner_words<K: Send + 'static>() -> usize {
     (size_of::<Owner<K>>() + align.saturating_sub(8)).div_ceil(8)
 }
 
-/// A finished managed tensor and its owner's [`Head`].
-pub(crate) type Finished = (Managed<DLManagedTensorVersioned>, NonNull<Head>);
+/// A finished managed tensor, its owner's [`Head`] (valid until the tensor's deleter
+/// runs), and whether its strides are the compact ones.
+pub(crate) struct Finished {
+    pub managed: Managed<DLManagedTensorVersioned>,
+    pub head: NonNull<Head>,
+    pub compact: bool,
+}
 
 impl<K: Send + 'static> Prepared<K> {
     /// `laid`, for an owner of `K`: its room is checked when the owner moves in
@@ -175,8 +180,17 @@ impl<K: Send + 'static> Prepared<K> {
         after_consumer: bool,
         keep_alive: K,
     ) -> std::result::Result<Finished, (Error, K)> {
-        let Laid { mut allocation, ndim, owner_words: room, data, device, dtype, byte_offset, flags, .. } =
-            self.laid;
+        let Laid {
+            mut allocation,
+            compact,
+            ndim,
+            owner_words: room,
+            data,
+            device,
+            dtype,
+            byte_offset,
+            flags,
+        } = self.laid;
         if room < owner_words::<K>() {
             let e = Error::Adapter {
                 adapter: "export",
@@ -224,7 +238,8 @@ impl<K: Send + 'static> Prepared<K> {
         // the deleter runs; shape and strides are in the allocation itself.
         let managed = unsafe { init.finish() };
         // SAFETY: `owner_at` is not null (above); `Owner` is `repr(C)` with the head first.
-        Ok((managed, unsafe { NonNull::new_unchecked(owner_at.cast::<Head>()) }))
+        let head = unsafe { NonNull::new_unchecked(owner_at.cast::<Head>()) };
+        Ok(Finished { managed, head, compact })
     }
 }
 
@@ -307,9 +322,10 @@ mod tests {
         let drops = Arc::new(AtomicUsize::new(0));
         for shape in [&[][..], &[0, 3][..], &[2, 3, 4][..]] {
             let prepared = prepare::<Wide>(&parts(shape)).unwrap();
-            let (managed, head) = prepared
+            let Finished { managed, head, compact } = prepared
                 .finish(&Stream::host(), false, Wide(drops.clone()))
                 .unwrap_or_else(|_| panic!("finish {shape:?}"));
+            assert!(compact, "{shape:?}: no strides given, so compact ones laid out");
             // SAFETY: valid until the deleter runs (below).
             assert!(unsafe { head.as_ref() }.consumer.is_host());
             // SAFETY: owned and just built.

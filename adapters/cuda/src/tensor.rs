@@ -17,8 +17,9 @@ enum Storage<T> {
         slice: CudaSlice<T>,
         /// The stream the slice was allocated on, where cudarc frees it.
         release: Stream,
-        shape: Vec<i64>,
-        strides: Vec<i64>,
+        /// The shape, then the strides: one allocation, and a tensor small enough
+        /// that moving it into a hand-off is cheap.
+        dims: Box<[i64]>,
     },
     /// A view of another owner's memory: the hand-off itself (its shape, strides and
     /// flags, validated when it was made; dropping it releases in stream order), and
@@ -58,10 +59,11 @@ pub struct CudaTensor<T> {
     storage: Storage<T>,
     ptr: sys::CUdeviceptr,
     ordinal: u32,
-    /// The stream its pending writes are on, when it is not the imported hand-off's
-    /// consumer stream (an owned tensor's, or one given with `set_stream`): an import
-    /// makes no handle of its own.
-    stream: Option<Stream>,
+    /// The stream its pending writes are on, when [`set_stream`](Self::set_stream)
+    /// moved it: else an owned tensor's own stream (`release`) or an imported one's
+    /// hand-off consumer stream, so that neither holds a second handle. Boxed: rarely
+    /// set, and a tensor small enough that moving it into a hand-off is cheap.
+    stream: Option<Box<Stream>>,
 }
 
 impl<T: DlpackElement> CudaTensor<T> {
@@ -101,13 +103,9 @@ impl<T: DlpackElement> CudaTensor<T> {
         let (ptr, record) = slice.device_ptr(slice.stream());
         drop(record);
         let ordinal = slice.ordinal() as u32;
-        let storage = Storage::Owned {
-            slice,
-            release: stream.clone(),
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-        };
-        Ok(CudaTensor { storage, ptr, ordinal, stream: Some(stream) })
+        let dims = shape.iter().chain(strides).copied().collect();
+        let storage = Storage::Owned { slice, release: stream, dims };
+        Ok(CudaTensor { storage, ptr, ordinal, stream: None })
     }
 }
 
@@ -176,7 +174,6 @@ impl<T> CudaTensor<T> {
         match (&self.stream, &self.storage) {
             (Some(stream), _) => stream,
             (None, Storage::Imported { handoff, .. }) => handoff.consumer_stream(),
-            // An owned tensor always has its stream (`with_strides`).
             (None, Storage::Owned { release, .. }) => release,
         }
     }
@@ -193,7 +190,7 @@ impl<T> CudaTensor<T> {
         if stream.device() != Device::Cuda(self.ordinal) {
             return Err(Error::CrossDevice { from: Device::Cuda(self.ordinal), to: stream.device() });
         }
-        self.stream = Some(stream);
+        self.stream = Some(Box::new(stream));
         Ok(())
     }
 
@@ -205,7 +202,7 @@ impl<T> CudaTensor<T> {
     /// The extent of each dimension.
     pub fn shape(&self) -> &[i64] {
         match &self.storage {
-            Storage::Owned { shape, .. } => shape,
+            Storage::Owned { dims, .. } => &dims[..dims.len() / 2],
             Storage::Imported { handoff, .. } => handoff.shape(),
         }
     }
@@ -213,7 +210,7 @@ impl<T> CudaTensor<T> {
     /// The strides in elements.
     pub fn strides(&self) -> &[i64] {
         match &self.storage {
-            Storage::Owned { strides, .. } => strides,
+            Storage::Owned { dims, .. } => &dims[dims.len() / 2..],
             Storage::Imported { handoff, .. } => handoff.strides(),
         }
     }
