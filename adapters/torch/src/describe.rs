@@ -47,6 +47,10 @@ pub(crate) fn describe_for_export(tensor: &tch::Tensor) -> std::result::Result<D
     describe_with(tensor, ffi::DESCRIBE_STREAM)
 }
 
+/// Inlined into its callers: the description it returns is then written where the
+/// caller keeps it, not copied there through the stack (which stalls on the stores
+/// just made, on every export).
+#[inline(always)]
 fn describe_with(tensor: &tch::Tensor, what: i32) -> std::result::Result<Described, TorchError> {
     let mut dims = [MaybeUninit::<i64>::uninit(); 2 * MAX_NDIM as usize];
     let facts = read_facts(tensor, what, &mut dims)?;

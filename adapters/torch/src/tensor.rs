@@ -45,7 +45,9 @@ impl TorchTensor {
     }
 
     /// [`new`](Self::new), keeping the description for the export that follows
-    /// immediately (no other code runs on the tensor in between).
+    /// immediately (no other code runs on the tensor in between). Inlined, as
+    /// `describe_with` is, so that the description is not copied on its way.
+    #[inline(always)]
     fn for_export(tensor: tch::Tensor) -> Result<TorchTensor> {
         init();
         // One shim call reads the tensor and, for a CUDA tensor, PyTorch's current stream.
