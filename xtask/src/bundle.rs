@@ -102,24 +102,26 @@ pub const PACKAGES: &[Package] = &[
 ];
 
 const LIMIT: u64 = 64 * 1024 * 1024;
-const TORCH_LIB: &str = "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib";
-const PJRT_PLUGIN: &str =
+pub(crate) const TORCH_LIB: &str = "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib";
+pub(crate) const PJRT_PLUGIN: &str =
     "/opt/torch/.venv/lib/python3.12/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so";
 
 /// One binary of the bundle.
-struct Binary {
+pub(crate) struct Binary {
     /// The file name in `bin/`: `<package>__<target>`.
-    name: String,
+    pub name: String,
     /// Whether it is a libtest harness (run with `--test-threads=1 --nocapture`).
     harness: bool,
-    source: PathBuf,
+    pub source: PathBuf,
     /// The argument lists it runs with, one run (and log) each; none: once, bare.
     runs: &'static [&'static [&'static str]],
 }
 
-/// `cargo xtask gpu-bundle [--only <package>]...`
+/// `cargo xtask gpu-bundle [--only <package>]... [--baseline <rev>]` (for `--baseline`,
+/// see `baseline.rs`).
 pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
     let only: Vec<&str> = args.windows(2).filter(|w| w[0] == "--only").map(|w| w[1].as_str()).collect();
+    let baseline = args.windows(2).find(|w| w[0] == "--baseline").map(|w| w[1].as_str());
     let selected: Vec<&Package> =
         PACKAGES.iter().filter(|p| only.is_empty() || only.contains(&p.name)).collect();
     if selected.is_empty() {
@@ -128,7 +130,7 @@ pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
     let env = if selected.iter().any(|p| p.needs_setup) { Some(deps::setup(root)?) } else { None };
     let mut binaries = Vec::new();
     for p in &selected {
-        binaries.extend(build(root, p, env.as_ref())?);
+        binaries.extend(build(root, None, p, env.as_ref())?);
     }
     let out = root.join("gpu-bundle");
     if out.exists() {
@@ -151,6 +153,17 @@ pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
     std::fs::write(&script, run_script(&binaries)).map_err(|e| format!("cannot write run.sh: {e}"))?;
     set_executable(&script)?;
     total += std::fs::metadata(&script).map_err(|e| e.to_string())?.len();
+    if let Some(rev) = baseline {
+        let set_up;
+        let env = match &env {
+            Some(env) => env,
+            None => {
+                set_up = deps::setup(root)?;
+                &set_up
+            }
+        };
+        total += crate::baseline::bundle(root, rev, env, &out)?;
+    }
     if total > LIMIT {
         return Err(format!(
             "the bundle is {:.1} MiB, over the 64 MiB a device run can carry",
@@ -165,7 +178,14 @@ pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn build(root: &Path, p: &Package, env: Option<&deps::Env>) -> Result<Vec<Binary>, String> {
+/// Builds package `p`'s targets in the workspace at `root` (into `target_dir`, else
+/// its own `target/`) and lists the executables.
+pub(crate) fn build(
+    root: &Path,
+    target_dir: Option<&Path>,
+    p: &Package,
+    env: Option<&deps::Env>,
+) -> Result<Vec<Binary>, String> {
     // Tests and benches through `cargo test --no-run` (benches then build with their
     // own `harness = false` main); examples through `cargo build`, as programs.
     let (mut tests, mut examples) = (Vec::new(), Vec::new());
@@ -184,7 +204,7 @@ fn build(root: &Path, p: &Package, env: Option<&deps::Env>) -> Result<Vec<Binary
         if targets.is_empty() {
             continue;
         }
-        for artifact in cargo_artifacts(root, p, command, &targets, env)? {
+        for artifact in cargo_artifacts(root, target_dir, p, command, &targets, env)? {
             let runs = p.kinds.iter().find_map(|k| match k {
                 Kind::Example(name, runs) if artifact.is_example && *name == artifact.target => Some(*runs),
                 _ => None,
@@ -226,6 +246,7 @@ impl Artifact {
 /// executables it built.
 fn cargo_artifacts(
     root: &Path,
+    target_dir: Option<&Path>,
     p: &Package,
     command: &[&str],
     targets: &[String],
@@ -240,6 +261,9 @@ fn cargo_artifacts(
     }
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root).args(&args).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    if let Some(dir) = target_dir {
+        cmd.env("CARGO_TARGET_DIR", dir);
+    }
     if let Some(env) = env {
         for (k, v) in env.vars() {
             cmd.env(k, v);
@@ -276,19 +300,19 @@ fn cargo_artifacts(
     Ok(found)
 }
 
-fn strip(path: &Path) {
+pub(crate) fn strip(path: &Path) {
     // The release profile strips already; `strip` is a second pass where it exists.
     let _ = Command::new("strip").arg("--strip-all").arg(path).stderr(Stdio::null()).status();
 }
 
 #[cfg(unix)]
-fn set_executable(path: &Path) -> Result<(), String> {
+pub(crate) fn set_executable(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())
 }
 
 #[cfg(not(unix))]
-fn set_executable(_: &Path) -> Result<(), String> {
+pub(crate) fn set_executable(_: &Path) -> Result<(), String> {
     Ok(())
 }
 

@@ -4,8 +4,11 @@
 //! - `env`    print the environment variables the build and tests use, as `export` lines
 //! - `test`   setup, then `cargo fmt --check`, clippy (`-D warnings`) and every test
 //! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
-//! - `gpu-bundle`  build the GPU tests and benchmarks into `gpu-bundle/` with a `run.sh` (see bundle.rs)
+//! - `gpu-bundle`  build the GPU tests and benchmarks into `gpu-bundle/` with a `run.sh` (see bundle.rs);
+//!   `--baseline <rev>` adds the host-cost benchmarks built at `rev` and an `ab.sh` that
+//!   runs both builds in turns (see baseline.rs)
 
+mod baseline;
 mod bundle;
 mod deps;
 mod python;
