@@ -90,13 +90,9 @@ set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${{OUT:-$HERE/out}}"
 mkdir -p "$OUT/ab"
-export LD_LIBRARY_PATH="{torch}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
-export HANDOFF_PJRT_PLUGIN="${{HANDOFF_PJRT_PLUGIN:-{plugin}}}"
-export HANDOFF_REQUIRE_GPU="${{HANDOFF_REQUIRE_GPU:-1}}"
-failed=0
+{machine_env}failed=0
 "#,
-        torch = bundle::TORCH_LIB,
-        plugin = bundle::PJRT_PLUGIN,
+        machine_env = bundle::machine_env(),
     );
     for (name, p) in runs {
         s.push_str(&format!(

@@ -102,8 +102,8 @@ pub const PACKAGES: &[Package] = &[
 ];
 
 const LIMIT: u64 = 64 * 1024 * 1024;
-pub(crate) const TORCH_LIB: &str = "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib";
-pub(crate) const PJRT_PLUGIN: &str =
+const TORCH_LIB: &str = "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib";
+const PJRT_PLUGIN: &str =
     "/opt/torch/.venv/lib/python3.12/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so";
 
 /// One binary of the bundle.
@@ -316,7 +316,20 @@ pub(crate) fn set_executable(_: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The lines of a bundle script that point the binaries at the GPU machine's PyTorch
+/// libraries and CUDA PJRT plugin, and make a GPU test that would skip fail.
+pub(crate) fn machine_env() -> String {
+    format!(
+        r#"export LD_LIBRARY_PATH="{TORCH_LIB}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+export HANDOFF_PJRT_PLUGIN="${{HANDOFF_PJRT_PLUGIN:-{PJRT_PLUGIN}}}"
+# On the GPU machine a GPU test that would skip for want of a device fails instead.
+export HANDOFF_REQUIRE_GPU="${{HANDOFF_REQUIRE_GPU:-1}}"
+"#
+    )
+}
+
 fn run_script(binaries: &[Binary]) -> String {
+    let machine_env = machine_env();
     let mut s = String::new();
     s.push_str(&format!(
         r#"#!/usr/bin/env bash
@@ -328,11 +341,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${{OUT:-$HERE/out}}"
 LOGS="$OUT/gpu-logs"
 mkdir -p "$LOGS"
-export LD_LIBRARY_PATH="{TORCH_LIB}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
-export HANDOFF_PJRT_PLUGIN="${{HANDOFF_PJRT_PLUGIN:-{PJRT_PLUGIN}}}"
-# On the GPU machine a GPU test that would skip for want of a device fails instead.
-export HANDOFF_REQUIRE_GPU="${{HANDOFF_REQUIRE_GPU:-1}}"
-export RUST_BACKTRACE=1
+{machine_env}export RUST_BACKTRACE=1
 SUMMARY="$LOGS/summary.txt"
 : > "$SUMMARY"
 {{ date -u; uname -a; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1; }} > "$LOGS/machine.txt"
