@@ -223,7 +223,8 @@ impl Handoff {
         let after_consumer = release == Release::AfterConsumer;
         let f = prepared.finish(consumer, after_consumer, keep_alive).map_err(|(e, _)| e)?;
         stats::count(Counter::Exports, 1);
-        Ok(Handoff { managed: ManuallyDrop::new(f.managed), device, head: f.head, ready, compact: f.compact })
+        let (managed, head, compact) = (ManuallyDrop::new(f.managed), f.head, f.compact);
+        Ok(Handoff { managed, device, head, ready, compact })
     }
 
     /// Takes in a foreign `DLManagedTensorVersioned` that its producer has already
@@ -304,8 +305,8 @@ impl Handoff {
         let prepared = managed::prepare::<Managed<M>>(&parts)?;
         let f = prepared.finish(consumer, true, foreign).map_err(|(e, _)| e)?;
         stats::count(Counter::Imports, 1);
-        let (head, compact) = (f.head, f.compact);
-        Ok(Handoff { managed: ManuallyDrop::new(f.managed), device, head, ready: Ready::Elided, compact })
+        let (managed, head, compact) = (ManuallyDrop::new(f.managed), f.head, f.compact);
+        Ok(Handoff { managed, device, head, ready: Ready::Elided, compact })
     }
 
     /// Gives the hand-off to a consumer type (counted as an import).
