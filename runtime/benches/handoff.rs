@@ -97,6 +97,9 @@ impl StreamOrdered for DeviceTensor {
     fn releases_on(&self, consumer: &Stream) -> bool {
         self.on() == consumer
     }
+    fn held_release_stream(&self) -> Option<&Stream> {
+        Some(self.on())
+    }
     fn ready_on(&self, consumer: &Stream) -> Result<Ready> {
         order(Some(self.on()), consumer)
     }

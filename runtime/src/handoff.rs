@@ -167,7 +167,8 @@ impl Handoff {
         let released_in_order = value.releases_on(consumer);
         let ready = value.ready_on(consumer)?;
         let release = if released_in_order { Release::Immediately } else { Release::AfterConsumer };
-        Handoff::with_keep_alive(value, |v| v.describe(), consumer, ready, release)
+        let laid = lay_out(&value.describe()?, managed::owner_words::<T>())?;
+        Handoff::wrap(value, laid, consumer, ready, release, Some(T::held_release_stream))
     }
 
     /// Wraps memory described by `describe(&keep_alive)`, which the caller has already
@@ -183,7 +184,7 @@ impl Handoff {
         release: Release,
     ) -> Result<Handoff> {
         let laid = lay_out(&describe(&keep_alive)?, managed::owner_words::<K>())?;
-        Handoff::wrap(keep_alive, laid, consumer, ready, release)
+        Handoff::wrap(keep_alive, laid, consumer, ready, release, None)
     }
 
     /// [`with_keep_alive`](Self::with_keep_alive) for a description read beforehand,
@@ -207,10 +208,11 @@ impl Handoff {
         release: Release,
     ) -> Result<Handoff> {
         let laid = lay_out(desc, managed::owner_words::<K>())?;
-        Handoff::wrap(keep_alive, laid, consumer, ready, release)
+        Handoff::wrap(keep_alive, laid, consumer, ready, release, None)
     }
 
-    /// Moves `keep_alive` into the tensor [`lay_out`] made room for.
+    /// Moves `keep_alive` into the tensor [`lay_out`] made room for (its head
+    /// borrowing the keep-alive's handle of the consumer stream, when `held` finds one).
     #[inline(always)]
     fn wrap<K: Send + 'static>(
         keep_alive: K,
@@ -218,10 +220,11 @@ impl Handoff {
         consumer: &Stream,
         ready: Ready,
         release: Release,
+        held: managed::HeldStream<K>,
     ) -> Result<Handoff> {
         let prepared = managed::Prepared::<K>::for_owner(laid);
         let after_consumer = release == Release::AfterConsumer;
-        let f = prepared.finish(consumer, after_consumer, keep_alive).map_err(|(e, _)| e)?;
+        let f = prepared.finish(consumer, after_consumer, keep_alive, held).map_err(|(e, _)| e)?;
         stats::count(Counter::Exports, 1);
         let (managed, head, compact) = (ManuallyDrop::new(f.managed), f.head, f.compact);
         Ok(Handoff { managed, device, head, ready, compact })
@@ -303,7 +306,7 @@ impl Handoff {
             flags,
         };
         let prepared = managed::prepare::<Managed<M>>(&parts)?;
-        let f = prepared.finish(consumer, true, foreign).map_err(|(e, _)| e)?;
+        let f = prepared.finish(consumer, true, foreign, None).map_err(|(e, _)| e)?;
         stats::count(Counter::Imports, 1);
         let (managed, head, compact) = (ManuallyDrop::new(f.managed), f.head, f.compact);
         Ok(Handoff { managed, device, head, ready: Ready::Elided, compact })
@@ -450,7 +453,7 @@ impl Handoff {
 
     /// The stream the data was made ready on, and on which the consumer works.
     pub fn consumer_stream(&self) -> &Stream {
-        &self.head().consumer
+        self.head().consumer()
     }
 
     fn head(&self) -> &Head {

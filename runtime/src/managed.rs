@@ -20,15 +20,45 @@ use std::ptr::NonNull;
 /// The hand-off's one handle of its consumer stream lives here, so that
 /// [`Handoff`](crate::Handoff) reads it (and the home) through the context pointer
 /// whatever `K` is: a hand-off clones its consumer stream once, not once for itself
-/// and once more for its release.
+/// and once more for its release, and not at all when its keep-alive holds a handle
+/// of that stream already (a value released in order on the stream it is handed to).
 #[repr(C)]
 pub(crate) struct Head {
-    pub consumer: Stream,
+    consumer: ConsumerHandle,
     pub after_consumer: bool,
     /// The thread that made the hand-off: let go on another, the hand-off (and its
     /// keep-alive) is given back there (see [`reaper`]'s homes).
     pub home: Option<reaper::Home>,
 }
+
+/// Where a [`Head`] keeps its consumer stream's handle.
+enum ConsumerHandle {
+    /// A clone of the consumer's handle.
+    Own(Stream),
+    /// The handle the keep-alive holds of its release stream, which is the consumer
+    /// stream: a value released in order on the stream it is handed to. Valid while
+    /// the owner holds its keep-alive; only for a head that releases at once, whose
+    /// drop never reads it (see [`Owner`]'s drop).
+    InKeepAlive(NonNull<Stream>),
+}
+
+impl Head {
+    /// The hand-off's consumer stream.
+    #[inline]
+    pub fn consumer(&self) -> &Stream {
+        match &self.consumer {
+            ConsumerHandle::Own(stream) => stream,
+            // SAFETY: a handle inside the keep-alive, which the owner holds until it is
+            // dropped; a head is read only before that (a release at once never reads it).
+            ConsumerHandle::InKeepAlive(stream) => unsafe { stream.as_ref() },
+        }
+    }
+}
+
+/// A value's own handle of the stream it is released on, for a [`Head`] to borrow:
+/// what [`StreamOrdered::held_release_stream`](crate::StreamOrdered::held_release_stream)
+/// returns. `None` for keep-alives that hold none.
+pub(crate) type HeldStream<K> = Option<for<'k> fn(&'k K) -> Option<&'k Stream>>;
 
 /// The DLPack context of a hand-off: its [`Head`] first (`repr(C)`), then the
 /// producer's keep-alive.
@@ -42,7 +72,13 @@ impl<K: Send + 'static> Drop for Owner<K> {
     fn drop(&mut self) {
         if let Some(k) = self.keep_alive.take() {
             let head = &self.head;
-            reaper::release_for(head.home, head.after_consumer.then_some(&head.consumer), k);
+            // A head that borrows the keep-alive's handle releases at once (`finish`),
+            // so the handle is not read once `k` has moved.
+            let after = match &head.consumer {
+                ConsumerHandle::Own(stream) if head.after_consumer => Some(stream),
+                _ => None,
+            };
+            reaper::release_for(head.home, after, k);
         }
     }
 }
@@ -173,12 +209,17 @@ impl<K: Send + 'static> Prepared<K> {
     ///
     /// Each field is written where it lives, once: an owner built beforehand and
     /// moved in would be copied through the stack on every hand-off.
+    ///
+    /// When the release is at once and `held` finds, in the keep-alive, a handle of
+    /// `consumer` itself (a value handed to the stream it is released on), the head
+    /// points to that handle instead of cloning `consumer`.
     #[inline(always)]
     pub(crate) fn finish(
         self,
         consumer: &Stream,
         after_consumer: bool,
         keep_alive: K,
+        held: HeldStream<K>,
     ) -> std::result::Result<Finished, (Error, K)> {
         let Laid {
             mut allocation,
@@ -191,6 +232,19 @@ impl<K: Send + 'static> Prepared<K> {
             byte_offset,
             flags,
         } = self.laid;
+        // Where `held` finds the consumer's handle, asked before anything is built (it
+        // is the keep-alive's code): at an offset inside the keep-alive's own bytes,
+        // where it is found again once the keep-alive has moved in. A handle behind
+        // a pointer (a box) is not borrowed: moving a box asserts it is unique.
+        let held_at = match held {
+            Some(held) if !after_consumer => held(&keep_alive)
+                .filter(|s| *s == consumer)
+                .map(|s| (s as *const Stream as usize).wrapping_sub(&raw const keep_alive as usize))
+                .filter(|&offset| {
+                    offset.checked_add(size_of::<Stream>()).is_some_and(|end| end <= size_of::<K>())
+                }),
+            _ => None,
+        };
         if room < owner_words::<K>() {
             let e = Error::Adapter {
                 adapter: "export",
@@ -201,7 +255,11 @@ impl<K: Send + 'static> Prepared<K> {
             };
             return Err((e, keep_alive));
         }
-        let at = allocation.extra_mut()[2 * ndim..].as_mut_ptr() as *mut u8;
+        // The shape, the strides and the owner, through one pointer taken once: the
+        // tensor's pointers and the head's derive from it, and a later `extra_mut`
+        // would make a new unique borrow of them all, which ends the earlier ones.
+        let extra = allocation.extra_mut().as_mut_ptr();
+        let at = extra.wrapping_add(2 * ndim) as *mut u8;
         let owner_at = at.wrapping_add(at.align_offset(align_of::<Owner<K>>())) as *mut Owner<K>;
         // SAFETY: `owner_at` is aligned and inside the allocation (`owner_words` left
         // room for the alignment); not written yet.
@@ -216,15 +274,26 @@ impl<K: Send + 'static> Prepared<K> {
             }
         };
         // SAFETY: as above: every field of the owner written once, in place. The
-        // deleter drops it; nothing between here and `finish` can fail.
+        // deleter drops it; nothing between here and `finish` can fail or run the
+        // keep-alive's code. A borrowed handle is the one `held` found, at the same
+        // offset inside the keep-alive now in place (`k` is its new address), valid
+        // until the owner drops it.
         unsafe {
             let head = &raw mut (*owner_at).head;
-            (&raw mut (*head).consumer).write(consumer.clone());
             (&raw mut (*head).after_consumer).write(after_consumer);
             (&raw mut (*head).home).write(reaper::home_here());
-            (&raw mut (*owner_at).keep_alive).write(Some(keep_alive));
+            let kept = &raw mut (*owner_at).keep_alive;
+            kept.write(Some(keep_alive));
+            // The keep-alive is in place, where it stays until the owner drops it.
+            let handle = match (held_at, &*kept) {
+                (Some(offset), Some(k)) => {
+                    let at = (k as *const K).byte_add(offset).cast::<Stream>();
+                    ConsumerHandle::InKeepAlive(NonNull::new_unchecked(at.cast_mut()))
+                }
+                _ => ConsumerHandle::Own(consumer.clone()),
+            };
+            (&raw mut (*head).consumer).write(handle);
         }
-        let extra = init.extra_mut().as_mut_ptr();
         let t = init.tensor_mut();
         t.shape = extra;
         // The strides follow the shape's `ndim` values in the same allocation; a
@@ -323,11 +392,11 @@ mod tests {
         for shape in [&[][..], &[0, 3][..], &[2, 3, 4][..]] {
             let prepared = prepare::<Wide>(&parts(shape)).unwrap();
             let Finished { managed, head, compact } = prepared
-                .finish(&Stream::host(), false, Wide(drops.clone()))
+                .finish(&Stream::host(), false, Wide(drops.clone()), None)
                 .unwrap_or_else(|_| panic!("finish {shape:?}"));
             assert!(compact, "{shape:?}: no strides given, so compact ones laid out");
             // SAFETY: valid until the deleter runs (below).
-            assert!(unsafe { head.as_ref() }.consumer.is_host());
+            assert!(unsafe { head.as_ref() }.consumer().is_host());
             // SAFETY: owned and just built.
             let t = unsafe { managed.tensor() };
             assert_eq!(t.ndim as usize, shape.len());
@@ -348,12 +417,60 @@ mod tests {
         }
     }
 
+    /// A keep-alive holding a handle of its release stream in its own bytes and one
+    /// behind a box.
+    struct Holds {
+        inline: Stream,
+        boxed: Box<Stream>,
+    }
+
+    #[test]
+    fn a_head_borrows_the_keep_alives_own_handle_of_its_consumer_instead_of_cloning_it() {
+        let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(());
+        let stream = Stream::host().with_owner(owner.clone());
+        let other = Stream::host().with_owner(Arc::new(1u8));
+        let handles = || Arc::strong_count(&owner);
+        let inline: HeldStream<Holds> = Some(|k| Some(&k.inline));
+        let boxed: HeldStream<Holds> = Some(|k| Some(&*k.boxed));
+        // (consumer, released after it, what the keep-alive says it holds, borrowed)
+        for (consumer, after, held, borrowed, what) in [
+            (&stream, false, inline, true, "released at once, a handle in its own bytes"),
+            (&stream, false, boxed, false, "a handle behind a box (moving it asserts it unique)"),
+            (&stream, true, inline, false, "released after the consumer"),
+            (&other, false, inline, false, "handed to another stream"),
+            (&stream, false, None, false, "nothing held"),
+        ] {
+            let k = Holds { inline: stream.clone(), boxed: Box::new(stream.clone()) };
+            let before = handles();
+            let prepared = prepare::<Holds>(&parts(&[2, 3])).unwrap();
+            let f = prepared.finish(consumer, after, k, held).unwrap_or_else(|_| panic!("{what}"));
+            // SAFETY: the head and owner `finish` wrote, valid until the managed tensor
+            // is dropped (below).
+            let (head, owner) = unsafe { (f.head.as_ref(), &*f.head.as_ptr().cast::<Owner<Holds>>()) };
+            let k = owner.keep_alive.as_ref().expect("the keep-alive is in place");
+            if borrowed {
+                assert_eq!(handles(), before, "{what}: no handle cloned");
+                assert!(
+                    std::ptr::eq(head.consumer(), &k.inline),
+                    "{what}: the keep-alive's handle, where it is now"
+                );
+            } else {
+                let own = usize::from(std::ptr::eq(consumer, &stream));
+                assert_eq!(handles(), before + own, "{what}: the head holds a clone of its own");
+            }
+            assert!(head.consumer() == consumer, "{what}");
+            drop(f.managed);
+            crate::reaper::flush();
+            assert_eq!(handles(), before - 2, "{what}: every handle let go once");
+        }
+    }
+
     #[test]
     fn an_owner_is_refused_room_it_was_not_laid_out_for_and_given_back() {
         let drops = Arc::new(AtomicUsize::new(0));
         let laid = lay_out(&parts(&[2, 3]), 0).unwrap();
         let Err((e, back)) =
-            Prepared::<Wide>::for_owner(laid).finish(&Stream::host(), false, Wide(drops.clone()))
+            Prepared::<Wide>::for_owner(laid).finish(&Stream::host(), false, Wide(drops.clone()), None)
         else {
             panic!("an owner moved into an allocation without room for it");
         };

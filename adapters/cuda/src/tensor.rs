@@ -268,6 +268,9 @@ impl<T> StreamOrdered for CudaTensor<T> {
     fn releases_on(&self, consumer: &Stream) -> bool {
         self.release() == consumer
     }
+    fn held_release_stream(&self) -> Option<&Stream> {
+        Some(self.release())
+    }
     fn ready_on(&self, consumer: &Stream) -> Result<Ready> {
         order(Some(self.stream()), consumer)
     }

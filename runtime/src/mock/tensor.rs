@@ -124,6 +124,9 @@ impl StreamOrdered for MockTensor {
     fn release_stream(&self) -> Option<Stream> {
         Some(self.release.clone())
     }
+    fn held_release_stream(&self) -> Option<&Stream> {
+        Some(&self.release)
+    }
 }
 
 impl Export for MockTensor {
