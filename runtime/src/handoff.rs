@@ -361,6 +361,7 @@ impl Handoff {
         self.managed.as_ptr()
     }
 
+    #[inline]
     fn tensor(&self) -> &DLTensor {
         // SAFETY: owned and validated; metadata is immutable while owned.
         unsafe { self.managed.tensor() }
@@ -378,16 +379,19 @@ impl Handoff {
     }
 
     /// Where the memory lives.
+    #[inline]
     pub fn device(&self) -> Device {
         self.device
     }
 
     /// The element type.
+    #[inline]
     pub fn dtype(&self) -> DataType {
         self.tensor().dtype
     }
 
     /// The extent of each dimension.
+    #[inline]
     pub fn shape(&self) -> &[i64] {
         let t = self.tensor();
         if t.ndim == 0 {
@@ -398,6 +402,7 @@ impl Handoff {
     }
 
     /// The strides in elements (always explicit in a hand-off).
+    #[inline]
     pub fn strides(&self) -> &[i64] {
         let t = self.tensor();
         if t.ndim == 0 {
@@ -411,21 +416,25 @@ impl Handoff {
     /// ([`storage::is_compact`](crate::storage::is_compact)): strides of size-1
     /// dimensions, and of tensors with no elements, do not matter (as in DLPack and
     /// PyTorch), so `torch.ones(1, 8).t()` (shape `[8, 1]`, strides `[1, 8]`) is compact.
+    #[inline]
     pub fn is_contiguous(&self) -> bool {
         self.compact
     }
 
     /// The base address.
+    #[inline]
     pub fn data(&self) -> *mut c_void {
         self.tensor().data
     }
 
     /// Bytes from [`data`](Self::data) to the first element.
+    #[inline]
     pub fn byte_offset(&self) -> u64 {
         self.tensor().byte_offset
     }
 
     /// The address of the first element (`data + byte_offset`).
+    #[inline]
     pub fn data_ptr(&self) -> *mut u8 {
         (self.data() as *mut u8).wrapping_add(self.byte_offset() as usize)
     }
@@ -442,6 +451,7 @@ impl Handoff {
     }
 
     /// Consumers must not write.
+    #[inline]
     pub fn is_read_only(&self) -> bool {
         self.managed.flags().contains(DlpackFlags::READ_ONLY)
     }
@@ -452,10 +462,12 @@ impl Handoff {
     }
 
     /// The stream the data was made ready on, and on which the consumer works.
+    #[inline]
     pub fn consumer_stream(&self) -> &Stream {
         self.head().consumer()
     }
 
+    #[inline]
     fn head(&self) -> &Head {
         // SAFETY: the owner in the managed tensor's context holds it until the deleter
         // runs, which happens only once `self` gives the tensor up or is dropped.

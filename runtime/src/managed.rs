@@ -318,6 +318,7 @@ enum Strides<'a> {
 }
 
 /// Checks the dimensions before anything is allocated, and picks the strides.
+#[inline]
 fn dims<'a>(parts: &Parts<'a>) -> Result<Strides<'a>> {
     let shape = parts.shape;
     if shape.len() > MAX_NDIM as usize {

@@ -82,6 +82,7 @@ pub trait StreamOrdered {
 /// Orders work enqueued on `consumer` from now on after all work enqueued so far on
 /// `producer`: the default of [`StreamOrdered::ready_on`], for adapters that
 /// override it but keep the rule.
+#[inline]
 pub fn order(producer: Option<&Stream>, consumer: &Stream) -> Result<Ready> {
     let producer = match producer {
         // The cheap comparison first: `is_host` asks the backend.

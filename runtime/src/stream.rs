@@ -25,7 +25,8 @@ pub type RawEvent = u64;
 pub trait Backend: std::any::Any + Send + Sync {
     /// A short name for errors (`host`, `mock`, `cuda`).
     fn name(&self) -> &'static str;
-    /// The device whose streams this backend drives.
+    /// The device whose streams this backend drives: the same on every call (a
+    /// [`Stream`] reads it once, when it is made).
     fn device(&self) -> Device;
     /// The pool of this device's events.
     fn event_pool(&self) -> &EventPool;
@@ -145,6 +146,9 @@ impl EventPool {
 #[derive(Clone)]
 pub struct Stream {
     backend: BackendRef,
+    /// The backend's device, read once: every hand-off asks it (is the consumer the
+    /// host? are both on one device?), and a backend's device never changes.
+    device: Device,
     raw: RawStream,
     /// The thread a thread-relative handle belongs to.
     thread: Option<ThreadId>,
@@ -164,6 +168,7 @@ enum BackendRef {
 
 impl BackendRef {
     /// The backend's address: its identity.
+    #[inline]
     fn addr(&self) -> *const () {
         &**self as *const dyn Backend as *const ()
     }
@@ -303,7 +308,7 @@ impl Stream {
 
     fn with_backend(backend: BackendRef, raw: RawStream) -> Stream {
         let thread = backend.is_thread_relative(raw).then(|| std::thread::current().id());
-        Stream { backend, raw, thread, owner: None }
+        Stream { device: backend.device(), backend, raw, thread, owner: None }
     }
 
     /// The same stream, keeping `owner` (what owns the raw stream: a cudarc
@@ -317,20 +322,29 @@ impl Stream {
     pub fn host() -> Stream {
         static HOST: OnceLock<HostBackend> = OnceLock::new();
         let backend = HOST.get_or_init(|| HostBackend { pool: EventPool::new() });
-        Stream { backend: BackendRef::Process(backend), raw: 0, thread: None, owner: None }
+        Stream {
+            backend: BackendRef::Process(backend),
+            device: Device::Host,
+            raw: 0,
+            thread: None,
+            owner: None,
+        }
     }
 
     /// Whether this is the host stream.
+    #[inline]
     pub fn is_host(&self) -> bool {
-        self.backend.device() == Device::Host
+        self.device == Device::Host
     }
 
     /// The device of this stream.
+    #[inline]
     pub fn device(&self) -> Device {
-        self.backend.device()
+        self.device
     }
 
     /// The backend's raw handle of this stream.
+    #[inline]
     pub fn raw(&self) -> RawStream {
         self.raw
     }
@@ -343,6 +357,7 @@ impl Stream {
 
     /// Whether the raw handle names this stream on the calling thread (always, but
     /// for another thread's per-thread default stream).
+    #[inline]
     pub fn is_usable_here(&self) -> bool {
         self.thread.is_none_or(|t| t == std::thread::current().id())
     }
@@ -413,6 +428,7 @@ impl Stream {
         self.record()?.synchronize()
     }
 
+    #[inline]
     fn key(&self) -> (*const (), RawStream, Option<ThreadId>) {
         (self.backend.addr(), self.raw, self.thread)
     }
@@ -437,6 +453,7 @@ pub(crate) fn incompatible(producer: &dyn Backend, consumer: &dyn Backend) -> Er
 }
 
 impl PartialEq for Stream {
+    #[inline]
     fn eq(&self, other: &Stream) -> bool {
         self.key() == other.key()
     }

@@ -4,6 +4,8 @@
 //! - `env`    print the environment variables the build and tests use, as `export` lines
 //! - `test`   setup, then `cargo fmt --check`, clippy (`-D warnings`) and every test
 //! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
+//! - `miri`   the runtime's unit tests under Miri, with both borrow models (needs a nightly
+//!   toolchain with the `miri` component; not part of `test`)
 //! - `gpu-bundle`  build the GPU tests and benchmarks into `gpu-bundle/` with a `run.sh` (see bundle.rs);
 //!   `--baseline <rev>` adds the host-cost benchmarks built at `rev` and an `ab.sh` that
 //!   runs both builds in turns (see baseline.rs)
@@ -28,9 +30,10 @@ fn main() -> ExitCode {
         }),
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root, &args[1..]),
+        Some("miri") => miri(&root),
         Some("gpu-bundle") => bundle::gpu_bundle(&root, &args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <setup|env|test|demo|gpu-bundle> [args]");
+            eprintln!("usage: cargo xtask <setup|env|test|demo|miri|gpu-bundle> [args]");
             return ExitCode::from(2);
         }
     };
@@ -89,6 +92,46 @@ fn test(root: &Path, extra: &[String]) -> Result<(), String> {
     // The Python package (python/, outside the workspace): its lint, wheel and pytest.
     python::test(root, lint)?;
     println!("xtask: all tests passed");
+    Ok(())
+}
+
+/// The runtime's unit tests under Miri, which checks the unsafe code (the hand-off's
+/// tensor and owner in one allocation, the reaper's erased values) for undefined
+/// behaviour, once with Stacked Borrows and once with Tree Borrows. Skipped: the CUDA
+/// tests (they load libcuda, a C call Miri cannot make) and the fork test (`fork`).
+/// The reaper's thread lives as long as the process, so leaks are not checked.
+fn miri(root: &Path) -> Result<(), String> {
+    let args = [
+        "+nightly",
+        "miri",
+        "test",
+        "-p",
+        "handoff-runtime",
+        "--lib",
+        "--",
+        "--skip",
+        "cuda::",
+        "--skip",
+        "forked",
+    ];
+    for flags in ["-Zmiri-ignore-leaks", "-Zmiri-ignore-leaks -Zmiri-tree-borrows"] {
+        println!("xtask: MIRIFLAGS={flags:?} cargo {}", args.join(" "));
+        // rustup's `cargo`, which picks the nightly toolchain (not the cargo running
+        // this task, which rustup pinned to its own).
+        let status = Command::new("cargo")
+            .current_dir(root)
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env("MIRIFLAGS", flags)
+            .args(args)
+            .status()
+            .map_err(|e| format!("cannot run cargo: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "Miri ({flags}) failed ({status}); it needs `rustup component add --toolchain nightly miri`"
+            ));
+        }
+    }
+    println!("xtask: the runtime's unit tests passed under Miri (both borrow models)");
     Ok(())
 }
 

@@ -209,10 +209,15 @@ fn reaper() -> &'static Reaper {
             .name("handoff-reaper".into())
             .spawn(run)
             .expect("handoff: cannot start the reaper thread");
+        // The two hooks are C calls, which Miri (the unsafe code's checker) cannot
+        // make: under it there is no exit drain and no fork guard.
+        #[cfg(not(miri))]
         // SAFETY: `drain_at_exit` is a plain `extern "C"` function that catches
         // every panic; registering it has no other precondition.
-        unsafe { atexit(drain_at_exit) };
-        #[cfg(unix)]
+        unsafe {
+            atexit(drain_at_exit)
+        };
+        #[cfg(all(unix, not(miri)))]
         // SAFETY: the child handler only stores to an atomic, which is
         // async-signal-safe as a handler run in a fork child must be; the other two
         // handlers are null, which `pthread_atfork` allows.

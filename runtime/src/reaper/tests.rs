@@ -255,10 +255,15 @@ fn a_failed_query_keeps_the_keep_alive() {
     let (pending0, leaked0) = (pending(), crate::stats().releases_leaked);
     let (k, dropped) = flag();
     release_after(Some(&fake.stream(QUERY_FAILS)), k);
-    // The reaper thread queries, and must not free on error.
-    assert!(eventually(Duration::from_secs(2), || pending() == pending0), "never taken out of the queue");
+    // The reaper thread queries, and must not free on error. It counts the leak just
+    // after it takes the release out of the queue: wait for both.
+    let leaked = || crate::stats().releases_leaked - leaked0;
+    assert!(
+        eventually(Duration::from_secs(2), || pending() == pending0 && leaked() > 0),
+        "never taken out of the queue and counted as leaked"
+    );
     assert!(!dropped.load(Ordering::SeqCst), "the keep-alive was dropped although its event query failed");
-    assert_eq!(crate::stats().releases_leaked - leaked0, 1, "the leak is counted");
+    assert_eq!(leaked(), 1, "the leak is counted once");
 }
 
 #[test]
