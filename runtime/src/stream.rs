@@ -25,8 +25,7 @@ pub type RawEvent = u64;
 pub trait Backend: std::any::Any + Send + Sync {
     /// A short name for errors (`host`, `mock`, `cuda`).
     fn name(&self) -> &'static str;
-    /// The device whose streams this backend drives: the same on every call (a
-    /// [`Stream`] reads it once, when it is made).
+    /// The device whose streams this backend drives.
     fn device(&self) -> Device;
     /// The pool of this device's events.
     fn event_pool(&self) -> &EventPool;
@@ -146,9 +145,6 @@ impl EventPool {
 #[derive(Clone)]
 pub struct Stream {
     backend: BackendRef,
-    /// The backend's device, read once: every hand-off asks it (is the consumer the
-    /// host? are both on one device?), and a backend's device never changes.
-    device: Device,
     raw: RawStream,
     /// The thread a thread-relative handle belongs to.
     thread: Option<ThreadId>,
@@ -308,7 +304,7 @@ impl Stream {
 
     fn with_backend(backend: BackendRef, raw: RawStream) -> Stream {
         let thread = backend.is_thread_relative(raw).then(|| std::thread::current().id());
-        Stream { device: backend.device(), backend, raw, thread, owner: None }
+        Stream { backend, raw, thread, owner: None }
     }
 
     /// The same stream, keeping `owner` (what owns the raw stream: a cudarc
@@ -322,25 +318,19 @@ impl Stream {
     pub fn host() -> Stream {
         static HOST: OnceLock<HostBackend> = OnceLock::new();
         let backend = HOST.get_or_init(|| HostBackend { pool: EventPool::new() });
-        Stream {
-            backend: BackendRef::Process(backend),
-            device: Device::Host,
-            raw: 0,
-            thread: None,
-            owner: None,
-        }
+        Stream { backend: BackendRef::Process(backend), raw: 0, thread: None, owner: None }
     }
 
     /// Whether this is the host stream.
     #[inline]
     pub fn is_host(&self) -> bool {
-        self.device == Device::Host
+        self.backend.device() == Device::Host
     }
 
     /// The device of this stream.
     #[inline]
     pub fn device(&self) -> Device {
-        self.device
+        self.backend.device()
     }
 
     /// The backend's raw handle of this stream.
