@@ -52,16 +52,7 @@ impl TorchTensor {
         init();
         // One shim call reads the tensor and, for a CUDA tensor, PyTorch's current stream.
         let described = describe_for_export(&tensor)?;
-        let device = described.device;
-        let stream = match (device, described.current_stream) {
-            #[cfg(feature = "cuda")]
-            (Device::Cuda(ordinal), Some(raw)) => {
-                // SAFETY: PyTorch's current stream of the tensor's device, of the
-                // primary context, alive as `cuda::current_stream` documents.
-                Some(unsafe { handoff_runtime::cuda::stream(ordinal, raw) }?)
-            }
-            _ => current_stream(device)?,
-        };
+        let (device, stream) = (described.device, stream_of(&described)?);
         Ok(TorchTensor { tensor, device, stream, described: Some(described), read_only: false })
     }
 
@@ -154,30 +145,64 @@ impl Export for TorchTensor {
     /// caching allocator (`recordStream`) so that the block outlives the consumer's
     /// queued work, or else leaves the release to the reaper.
     fn export(self, consumer: &Stream) -> Result<Handoff> {
-        // `new` checked the tensor; it is read again below and refused if it changed
-        // since (unless it was wrapped for this export).
-        let ready = self.ready_on(consumer)?;
-        // Even on the tensor's own stream: its block may have been allocated on
-        // another stream, where the caching allocator would reuse it at once.
-        let release = release_for(&self, consumer)?;
-        // The hand-off keeps the tensor handle alone, not its description.
-        let TorchTensor { tensor, described, read_only, .. } = self;
-        let described = match described {
+        // `new` checked the tensor; it is read again here and refused if it changed
+        // since (unless it was wrapped for this export). Fields are borrowed where
+        // they are, not moved out.
+        let read_now;
+        let described = match &self.described {
             Some(d) => d,
-            None => describe_tensor(&tensor)?,
+            None => {
+                read_now = describe_tensor(&self.tensor)?;
+                &read_now
+            }
         };
-        let mut desc = described.desc();
-        desc.read_only = read_only;
-        Handoff::from_desc(tensor, &desc, consumer, ready, release)
+        export_described(self.tensor, described, self.stream.as_ref(), self.read_only, consumer)
     }
+}
+
+/// The stream a tensor's pending work is on, from its description: PyTorch's current
+/// stream of its CUDA device, read in the same shim call; none on the host.
+#[inline(always)]
+fn stream_of(described: &Described) -> Result<Option<Stream>> {
+    match (described.device, described.current_stream) {
+        #[cfg(feature = "cuda")]
+        (Device::Cuda(ordinal), Some(raw)) => {
+            // SAFETY: PyTorch's current stream of the tensor's device, of the primary
+            // context, alive as `cuda::current_stream` documents.
+            Ok(Some(unsafe { handoff_runtime::cuda::stream(ordinal, raw) }?))
+        }
+        (device, _) => current_stream(device),
+    }
+}
+
+/// Every torch export: `tensor`, described by `described`, its pending work on
+/// `stream`, made ready on `consumer` and handed off keeping the tensor handle alone
+/// (not its description). It takes the description and stream by reference, so that
+/// neither a `TorchTensor` (264 bytes) nor its description is moved (a value over 128
+/// bytes is moved by a call to `memmove`) on the way to the hand-off.
+#[inline(always)]
+fn export_described(
+    tensor: tch::Tensor,
+    described: &Described,
+    stream: Option<&Stream>,
+    read_only: bool,
+    consumer: &Stream,
+) -> Result<Handoff> {
+    let ready = handoff_runtime::order(stream, consumer)?;
+    // Even on the tensor's own stream: its block may have been allocated on another
+    // stream, where the caching allocator would reuse it at once.
+    let release = release_for(&tensor, described.device, consumer)?;
+    let mut desc = described.desc();
+    desc.read_only = read_only;
+    Handoff::from_desc(tensor, &desc, consumer, ready, release)
 }
 
 /// How a tensor exported to a consumer is released: at once when the caching
 /// allocator was told of the consumer's stream (`recordStream`, a no-op when the
 /// block was allocated there), else after the consumer's queued work (the reaper).
-fn release_for(tensor: &TorchTensor, consumer: &Stream) -> Result<Release> {
+fn release_for(tensor: &tch::Tensor, device: Device, consumer: &Stream) -> Result<Release> {
     #[cfg(feature = "cuda")]
-    if let Device::Cuda(ordinal) = tensor.device
+    if let Device::Cuda(ordinal) = device
         && let Some((c_ordinal, raw)) = handoff_runtime::cuda::raw_stream(consumer)
         && c_ordinal == ordinal
     {
@@ -186,7 +211,7 @@ fn release_for(tensor: &TorchTensor, consumer: &Stream) -> Result<Release> {
         // catches every exception.
         crate::ffi::check("recordStream", unsafe {
             crate::ffi::hf_cuda_record_stream(
-                tensor.tensor.as_ptr() as *const std::ffi::c_void,
+                tensor.as_ptr() as *const std::ffi::c_void,
                 ordinal as i32,
                 raw,
                 &mut recorded,
@@ -196,7 +221,7 @@ fn release_for(tensor: &TorchTensor, consumer: &Stream) -> Result<Release> {
             return Ok(Release::Immediately);
         }
     }
-    let _ = (tensor, consumer);
+    let _ = (tensor, device, consumer);
     Ok(Release::AfterConsumer)
 }
 
@@ -210,7 +235,11 @@ fn release_for(tensor: &TorchTensor, consumer: &Stream) -> Result<Release> {
 /// assert_eq!(h.data_ptr() as usize, x.data_ptr() as usize + 2);
 /// ```
 pub fn export(tensor: &tch::Tensor, consumer: &Stream) -> Result<Handoff> {
-    TorchTensor::for_export(tensor.shallow_clone())?.export(consumer)
+    init();
+    // What `TorchTensor::for_export(..).export(..)` does, without the `TorchTensor`.
+    let described = describe_for_export(tensor)?;
+    let stream = stream_of(&described)?;
+    export_described(tensor.shallow_clone(), &described, stream.as_ref(), false, consumer)
 }
 
 /// Hands a PyTorch tensor whose pending work is on `producer` to a consumer on `consumer`.
