@@ -111,6 +111,12 @@ done
             args = p.args,
         ));
     }
+    // Base runs first, then new ones; `jax.jit` from run.sh's logs when it ran first
+    // with the same `$OUT`.
+    s.push_str(&bundle::tables_step(
+        r#""$OUT"/ab/*-base-*.log "$OUT"/ab/*-new-*.log "$OUT/gpu-logs/python_pipeline.log""#,
+        r#""$OUT/ab/tables.md""#,
+    ));
     s.push_str("exit $failed\n");
     s
 }
@@ -134,6 +140,7 @@ mod tests {
             assert!(s.contains(&format!("\"$exe\" {} > \"$log\"", p.args)), "{name}'s arguments");
         }
         assert!(s.contains("--sizes 256,4096 --samples 5000"));
+        assert!(s.contains("\"$TPY\" \"$SUMMARIZE\" \"$OUT\"/ab/*-base-*.log"), "the tables of both builds");
         assert!(s.trim_end().ends_with("exit $failed"));
     }
 }

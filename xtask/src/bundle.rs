@@ -328,6 +328,25 @@ export HANDOFF_REQUIRE_GPU="${{HANDOFF_REQUIRE_GPU:-1}}"
     )
 }
 
+/// The lines of a bundle script that print issue 15's tables and targets
+/// (`bench/summarize.py`, from the working tree carried beside the bundle) from the
+/// logs `files` (shell words), and keep them in `into`. A report only: it never fails
+/// the script.
+pub(crate) fn tables_step(files: &str, into: &str) -> String {
+    format!(
+        r#"
+# Issue 15's tables and targets, from these logs.
+SUMMARIZE="$HERE/../bench/summarize.py"
+TPY="${{PYTHON:-python3}}"
+if [ -z "${{PYTHON:-}}" ] && [ -x /opt/torch/.venv/bin/python3 ]; then TPY=/opt/torch/.venv/bin/python3; fi
+if [ -f "$SUMMARIZE" ]; then
+  echo "== tables"
+  "$TPY" "$SUMMARIZE" {files} > {into} 2>&1; cat {into}
+fi
+"#
+    )
+}
+
 fn run_script(binaries: &[Binary]) -> String {
     let machine_env = machine_env();
     let mut s = String::new();
@@ -410,6 +429,14 @@ if [ -z "${ONLY:-}" ] || [[ "python_pipeline" == *"$ONLY"* ]]; then
   fi
 fi
 
+"#,
+    );
+    s.push_str(&tables_step(
+        r#""$LOGS/handoff-examples__pipeline_gpu.log" "$LOGS/python_pipeline.log" "$LOGS/handoff-cuda__handoff_cuda.log""#,
+        r#""$LOGS/tables.md""#,
+    ));
+    s.push_str(
+        r#"
 echo "== summary"; cat "$SUMMARY"
 if [ "$failed" -ne 0 ]; then echo "$failed binaries failed"; exit 1; fi
 echo "all passed"
@@ -607,5 +634,47 @@ mod json {
             assert_eq!(t.get("kind").and_then(super::Value::as_array).map(|a| a.len()), Some(1));
             assert!(super::parse("{\"a\":").is_err());
         }
+    }
+}
+
+#[cfg(test)]
+mod tables_tests {
+    use std::process::Command;
+
+    /// `bench/summarize.py`, which run.sh and ab.sh end with, read on logs of an H200
+    /// run whose figures BENCHMARKS.md shows (the eighth round's run 4).
+    #[test]
+    fn summarize_reads_an_h200_runs_logs_into_its_tables_and_verdicts() {
+        let root = crate::root();
+        let run = "docs/gpu-runs/2026-12-04-h200-hostcost8-bd31b54-run4";
+        let logs = ["handoff-examples__pipeline_gpu", "python_pipeline", "handoff-cuda__handoff_cuda"];
+        let out = Command::new("python3")
+            .current_dir(&root)
+            .arg("bench/summarize.py")
+            .args(logs.iter().map(|l| format!("{run}-{l}.log")))
+            .output()
+            .expect("python3 runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        for expected in [
+            "| torch -> XLA | 1.21 / 0.87 / 1.55 / 1.50 |",
+            "| kernel call | 3.16 / 1.66 / 2.93 / 2.68 |",
+            "- torch -> XLA <= 1 µs: 1 of 4 cells",
+            "- kernel call <= 2 µs: 1 of 4 cells",
+            "0.0591 (0.699; 1.452x jax.jit)",
+            "0.2319 (0.461; 1.092x jax.jit)",
+            "- 4096² <= 1.1x one `jax.jit`: 1 of 2 steps",
+            "| 806 | 1282 | 1.59 | 360 | 319 |",
+            "- cross-stream <= 1.5x the raw pair (one at a time): 0 of 1 runs",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+        let none =
+            Command::new("python3").current_dir(&root).args(["bench/summarize.py", "Cargo.toml"]).output();
+        assert_eq!(
+            none.expect("python3 runs").status.code(),
+            Some(1),
+            "a file with no benchmark lines is an error"
+        );
     }
 }
