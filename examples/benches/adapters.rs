@@ -5,7 +5,10 @@
 //! - torch: export of a CPU tensor (+ drop), and export + import + drop;
 //! - xla: export of a CPU PJRT buffer (+ drop), and import of host memory (a torch
 //!   CPU tensor) as a zero-copy PJRT view (+ drop);
-//! - the pipeline's round trip torch -> XLA view -> executed kernel -> torch.
+//! - the pipeline's round trip torch -> XLA view -> executed kernel -> torch;
+//! - a kernel call on a tiny program, the same steps by hand, and the bare framework
+//!   calls beneath them (`kernel call floor`): the call's own share on this machine is
+//!   the first figure less the last.
 //!
 //! The XLA benchmarks need `HANDOFF_PJRT_PLUGIN` (a CPU plugin: `cargo xtask env`);
 //! without it they are left out with a message.
@@ -15,7 +18,7 @@
 //! ```
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use handoff::{Export, Stream, transfer_into};
+use handoff::{Export, Stream, dtype::DataType, transfer_into};
 use handoff_examples::model::{Backend, Dtype, Pipeline};
 use handoff_torch::CurrentStream;
 use handoff_xla::Buffer;
@@ -94,6 +97,30 @@ fn kernel_call(c: &mut Criterion, client: &handoff_xla::Client) {
             drop(view);
             let y = outs.remove(0);
             drop(black_box(handoff_torch::import(y.export(&host).unwrap()).unwrap()))
+        })
+    });
+    // The calls a perfect adapter could not avoid, with nothing of handoff around them
+    // (no stream to order on this CPU plugin): PyTorch's describe, PJRT's view and
+    // execute, the output's address, PyTorch's `from_blob`.
+    let device = kernel.device();
+    let (shape, strides) = ([4i64, 8], [8i64, 1]);
+    c.bench_function("kernel call floor: describe, view, execute, data pointer, from_blob", |b| {
+        b.iter(|| {
+            let data = handoff_torch::floor::describe(&x).unwrap();
+            // SAFETY: `x`'s compact 4x8 f32 host array, alive for the whole iteration;
+            // stream 0: host memory has no device work to order.
+            let view =
+                unsafe { handoff_xla::floor::view(client, device, data, DataType::F32, &shape, 0) }.unwrap();
+            let outs = handoff_xla::floor::execute(kernel.executable(), &[&view]).unwrap();
+            drop(view);
+            let y = handoff_xla::floor::data_pointer(&outs[0]).unwrap();
+            // SAFETY: the output's compact 4x8 f32 host array, alive until `outs` drops
+            // after the tensor.
+            let t = unsafe {
+                handoff_torch::floor::from_blob(y, &shape, &strides, DataType::F32, handoff::Device::Host)
+            };
+            drop(black_box(t.unwrap()));
+            drop(outs);
         })
     });
     handoff::reaper::flush();

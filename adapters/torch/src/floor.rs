@@ -5,8 +5,8 @@
 
 use crate::error::TorchError;
 use crate::{dtype, ffi, init};
-use handoff_runtime::MAX_NDIM;
 use handoff_runtime::dtype::DataType;
+use handoff_runtime::{Device, MAX_NDIM};
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
@@ -29,7 +29,7 @@ pub fn record_stream(tensor: &tch::Tensor, ordinal: u32, raw: u64) -> Result<(),
 
 unsafe extern "C" fn nothing_to_release(_ctx: *mut c_void) {}
 
-/// The shim's `from_blob` of CUDA memory of device `ordinal`, with a deleter that
+/// The shim's `from_blob` of memory of `device` (host or CUDA), with a deleter that
 /// does nothing.
 ///
 /// # Safety
@@ -40,9 +40,14 @@ pub unsafe fn from_blob(
     shape: &[i64],
     strides: &[i64],
     dtype: DataType,
-    ordinal: u32,
+    device: Device,
 ) -> Result<tch::Tensor, TorchError> {
     init();
+    let (device_type, ordinal) = match device {
+        Device::Host => (0, 0),
+        Device::Cuda(ordinal) => (1, ordinal),
+        other => return Err(TorchError::ImportDevice { device: other }),
+    };
     let scalar_type = dtype::from_dlpack(dtype)
         .ok_or(TorchError::ImportDtype { dtype: handoff_runtime::dtype::name(dtype) })?;
     let mut out: *mut c_void = std::ptr::null_mut();
@@ -54,7 +59,7 @@ pub unsafe fn from_blob(
             shape.as_ptr(),
             strides.as_ptr(),
             scalar_type,
-            1,
+            device_type,
             ordinal as i32,
             std::ptr::null_mut(),
             nothing_to_release,

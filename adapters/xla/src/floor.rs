@@ -91,6 +91,13 @@ pub fn export(client: &Client, buffer: &RawBuffer, consumer: u64) -> Result<*mut
     }
 }
 
+/// The buffer's memory (`PJRT_Buffer_OpaqueDeviceMemoryDataPointer`): what a consumer
+/// of an output on a plugin without a stream extension (CPU) reads, with no wait.
+pub fn data_pointer(buffer: &RawBuffer) -> Result<*mut c_void> {
+    // SAFETY: a live buffer.
+    unsafe { result::buffer::opaque_device_memory_data_pointer(buffer.api, buffer.raw) }
+}
+
 /// Gives back the external reference [`export`] took.
 pub fn release(buffer: &RawBuffer) -> Result<()> {
     // SAFETY: matches one `export` of this live buffer.

@@ -18,7 +18,7 @@
 //!   handoff's `Executable::execute`.
 
 use cudarc::driver::sys;
-use handoff::Export;
+use handoff::{Device, Export};
 use handoff_examples::model::{self, Pipeline, PipelineError};
 use handoff_torch::floor as torch_floor;
 use handoff_xla::CallOptions;
@@ -176,7 +176,7 @@ impl<'a> Bare<'a> {
         let _ts = handoff_torch::cuda::current_raw_stream(0)?;
         let l = &self.layout;
         // SAFETY: a buffer's memory, of `h`'s layout, referenced until its release.
-        unsafe { torch_floor::from_blob(ptr, &l.shape, &l.strides, l.dtype, 0) }.map_err(shim)
+        unsafe { torch_floor::from_blob(ptr, &l.shape, &l.strides, l.dtype, Device::Cuda(0)) }.map_err(shim)
     }
 
     /// The floor's kernel call on `h`: its time, up to the output tensor (then
@@ -905,7 +905,8 @@ pub fn pipeline_ms(
         let torch_raw = handoff_torch::cuda::current_raw_stream(0)?;
         let y_ptr = xla_floor::export(client, &outs[0], torch_raw)?;
         // SAFETY: the output buffer's memory, of `h`'s layout, referenced until released below.
-        let y = unsafe { torch_floor::from_blob(y_ptr, &shape, &strides, dtype, 0) }.map_err(shim)?;
+        let y = unsafe { torch_floor::from_blob(y_ptr, &shape, &strides, dtype, Device::Cuda(0)) }
+            .map_err(shim)?;
         let out = x.f_add(&y)?;
         drop(y);
         match &elsewhere {
