@@ -42,6 +42,14 @@ enum ConsumerHandle {
     InKeepAlive(NonNull<Stream>),
 }
 
+// SAFETY: a borrowed handle points into the keep-alive of the same owner (`K: Send`),
+// moves with it to whichever thread drops it, and is only ever read as a `&Stream`
+// (`Stream` is `Send + Sync`): the keep-alive's own code does not run while the owner
+// holds it, so nothing writes the handle while a head is read.
+unsafe impl Send for ConsumerHandle {}
+// SAFETY: as above; `&ConsumerHandle` only reads the handle.
+unsafe impl Sync for ConsumerHandle {}
+
 impl Head {
     /// The hand-off's consumer stream.
     #[inline]
