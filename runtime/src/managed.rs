@@ -91,6 +91,12 @@ impl<K: Send + 'static> Drop for Owner<K> {
     }
 }
 
+// `InPlace`'s safety rests on this: an owner of a `Send` keep-alive is `Send`.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Owner<Vec<u8>>>();
+};
+
 /// An [`Owner`] that lives inside the managed tensor's allocation: dlpark's deleter
 /// drops the context first, then frees the allocation, so the owner is dropped in
 /// place and never freed on its own.
