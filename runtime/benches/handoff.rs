@@ -1,8 +1,10 @@
 //! Host cost of the hand-off machinery on the CPU machine, so that a regression shows
-//! without a GPU: export + drop of host memory, a same-stream round trip on a device
-//! stream whose backend does nothing (the runtime's share of a CUDA same-stream
-//! hand-off: the consumer stream's owner cloned, the description laid out and
-//! checked, the tensor imported), mock same-stream and cross-stream round trips
+//! without a GPU: export + drop of host memory, same-stream and cross-stream round
+//! trips on device streams whose backend does nothing and lives as long as the
+//! process, as CUDA's does (the runtime's share of a CUDA hand-off: the description
+//! laid out and checked, the tensor imported; across streams, an event from the
+//! thread's spares recorded and waited on, and the release queued behind another),
+//! mock same-stream and cross-stream round trips
 //! (record + wait + deferred release included), and validation of a foreign DLPack
 //! tensor. `cargo bench -p handoff-runtime`.
 
@@ -127,10 +129,13 @@ impl Import for DeviceTensor {
 
 const _: () = assert!(size_of::<DeviceTensor>() <= 128);
 
+/// Lives as long as the process, as the CUDA backend does (`Stream::new_static`).
+static IDLE: Idle = Idle(EventPool::new());
+
 fn bench(c: &mut Criterion) {
-    let idle: Arc<dyn Backend> = Arc::new(Idle(EventPool::new()));
     let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(());
-    let device = Stream::new(idle, 0x1000).with_owner(owner);
+    let device = Stream::new_static(&IDLE, 0x1000).with_owner(owner.clone());
+    let other = Stream::new_static(&IDLE, 0x2000).with_owner(owner);
     c.bench_function("device same-stream export + import + drop (idle backend)", |b| {
         b.iter_batched(
             || DeviceTensor::new(&device),
@@ -138,6 +143,16 @@ fn bench(c: &mut Criterion) {
             criterion::BatchSize::SmallInput,
         )
     });
+    // Its memory goes back on `device`, so the release waits for `other`'s work: one
+    // event recorded and queued for the reaper, which finds it done at its next sweep.
+    c.bench_function("device cross-stream export + import + drop (idle backend)", |b| {
+        b.iter_batched(
+            || DeviceTensor::new(&device),
+            |x| drop(black_box(x.export(&other).unwrap().import::<DeviceTensor>().unwrap())),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    handoff_runtime::reaper::flush();
 
     let host = Stream::host();
     c.bench_function("host export + drop", |b| {

@@ -296,9 +296,33 @@ impl Stream {
         Stream::with_backend(BackendRef::Shared(backend), raw)
     }
 
-    /// A stream of a backend that lives as long as the process (see `BackendRef`).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn of_process_backend(backend: &'static dyn Backend, raw: RawStream) -> Stream {
+    /// A stream of a backend that lives as long as the process (a `static`, or a
+    /// leaked box), as CUDA's does: its streams and events are made and dropped
+    /// without touching a count shared with other threads, and each thread keeps a
+    /// few of its free events, so ordering on it and releasing after it take no lock.
+    ///
+    /// ```
+    /// use handoff_runtime::{Backend, Device, EventPool, RawEvent, RawStream, Result, Stream};
+    /// /// A device whose work is always done (a sketch: a real backend calls its driver).
+    /// struct Instant(EventPool);
+    /// impl Backend for Instant {
+    ///     fn name(&self) -> &'static str { "instant" }
+    ///     fn device(&self) -> Device { Device::Cuda(0) }
+    ///     fn event_pool(&self) -> &EventPool { &self.0 }
+    ///     fn create_event(&self) -> Result<RawEvent> { Ok(1) }
+    ///     fn destroy_event(&self, _: RawEvent) {}
+    ///     fn record(&self, _: RawEvent, _: RawStream) -> Result<()> { Ok(()) }
+    ///     fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> { Ok(()) }
+    ///     fn query(&self, _: RawEvent) -> Result<bool> { Ok(true) }
+    ///     fn synchronize(&self, _: RawEvent) -> Result<()> { Ok(()) }
+    /// }
+    /// static INSTANT: Instant = Instant(EventPool::new());
+    /// let (a, b) = (Stream::new_static(&INSTANT, 1), Stream::new_static(&INSTANT, 2));
+    /// assert_ne!(a, b);
+    /// assert_eq!(a, Stream::new_static(&INSTANT, 1));
+    /// assert_eq!(handoff_runtime::order(Some(&a), &b).unwrap(), handoff_runtime::Ready::Waited);
+    /// ```
+    pub fn new_static(backend: &'static dyn Backend, raw: RawStream) -> Stream {
         Stream::with_backend(BackendRef::Process(backend), raw)
     }
 

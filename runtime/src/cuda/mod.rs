@@ -79,7 +79,7 @@ pub fn device_count() -> Result<u32> {
 pub unsafe fn stream(ordinal: u32, raw: u64) -> Result<Stream> {
     let backend: &'static backend::CudaBackend = backend::backend(ordinal)?;
     let raw = if raw == CU_STREAM_LEGACY { LEGACY } else { raw };
-    Ok(Stream::of_process_backend(backend, raw))
+    Ok(Stream::new_static(backend, raw))
 }
 
 /// The legacy default stream of device `ordinal` (it exists as long as the context).
