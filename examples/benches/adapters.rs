@@ -62,6 +62,22 @@ fn xla(c: &mut Criterion) {
     c.bench_function("xla cpu view import of a torch tensor + drop", |b| {
         b.iter(|| drop(black_box(transfer_into::<Buffer, _, _>(&x, &client).unwrap())))
     });
+    // The same as the GPU benchmark's torch -> XLA: export to the client's ready
+    // stream, then import.
+    let ready = client.ready_stream(p.xla_kernel().device()).unwrap();
+    c.bench_function("xla cpu view of a torch tensor, exported then imported, + drop", |b| {
+        b.iter(|| drop(black_box(client.import(handoff_torch::export(&x, &ready).unwrap()).unwrap())))
+    });
+    // Beneath the view: PyTorch's describe and PJRT's view of the same memory, bare.
+    let (shape, device) = (x.size(), p.xla_kernel().device().clone());
+    c.bench_function("xla cpu view floor: describe, bare view, destroy", |b| {
+        b.iter(|| {
+            let data = handoff_torch::floor::describe(&x).unwrap();
+            // SAFETY: `x`'s compact f32 host array, alive for the whole iteration.
+            let view = unsafe { handoff_xla::floor::view(&client, &device, data, DataType::F32, &shape, 0) };
+            drop(black_box(view.unwrap()));
+        })
+    });
     c.bench_function("xla cpu buffer -> torch tensor + drop", |b| {
         b.iter(|| drop(black_box(transfer_into::<Tensor, _, _>(&y, &CurrentStream).unwrap())))
     });

@@ -206,18 +206,8 @@ impl Client {
         })
     }
 
-    /// The device a hand-off of `memory` is viewed on: `index` when given, else the
-    /// device `memory` names (device 0 for host memory).
-    pub(crate) fn device_for(
-        &self,
-        memory: handoff_runtime::Device,
-        index: Option<usize>,
-    ) -> Result<XlaDevice> {
-        Ok(XlaDevice { client: self.inner.clone(), index: self.device_index_for(memory, index)? })
-    }
-
-    /// [`device_for`](Self::device_for)'s index, for a caller that holds the client
-    /// (no new reference to it).
+    /// The index of the device a hand-off of `memory` is viewed on: `index` when
+    /// given, else the device `memory` names (device 0 for host memory).
     pub(crate) fn device_index_for(
         &self,
         memory: handoff_runtime::Device,

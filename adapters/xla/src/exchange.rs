@@ -161,7 +161,12 @@ unsafe extern "C" fn release_handoff(_data: *mut c_void, user_arg: *mut c_void) 
 /// [`Client::ready_stream`]: the stream XLA reads hand-offs on for `device`, asked of
 /// PJRT once per device and cached in the client.
 pub(crate) fn ready_stream(client: &Client, device: &XlaDevice) -> Result<Stream> {
-    let ready = cached_ready_stream(client, device.index)?;
+    ready_stream_at(client, device.index)
+}
+
+/// [`ready_stream`] of the client's device `index`.
+fn ready_stream_at(client: &Client, index: usize) -> Result<Stream> {
+    let ready = cached_ready_stream(client, index)?;
     if ready.is_host() {
         return Ok(ready.clone());
     }
@@ -588,7 +593,8 @@ impl Exportable<Borrowed> for &Buffer {
 /// ```
 impl ImportInto<Client> for Buffer {
     fn ready_stream(client: &Client, device: handoff_runtime::Device) -> handoff_runtime::Result<Stream> {
-        Ok(client.ready_stream(&client.device_for(device, None)?)?)
+        // By index: an `XlaDevice` would count one more reference to the client.
+        Ok(ready_stream_at(client, client.device_index_for(device, None)?)?)
     }
 
     fn import_into(handoff: Handoff, client: &Client) -> handoff_runtime::Result<Buffer> {
