@@ -4,9 +4,9 @@
 //! process, as CUDA's does (the runtime's share of a CUDA hand-off: the description
 //! laid out and checked, the tensor imported; across streams, an event from the
 //! thread's spares recorded and waited on, and the release queued behind another),
-//! mock same-stream and cross-stream round trips
-//! (record + wait + deferred release included), and validation of a foreign DLPack
-//! tensor. `cargo bench -p handoff-runtime`.
+//! mock same-stream and cross-stream round trips (record + wait + deferred release
+//! included), and validation of a foreign DLPack tensor. `cargo bench -p
+//! handoff-runtime`.
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use handoff_runtime::mock::{Mock, MockTensor};
@@ -96,9 +96,6 @@ impl StreamOrdered for DeviceTensor {
     }
     fn stream(&self) -> Option<Stream> {
         Some(self.on().clone())
-    }
-    fn releases_on(&self, consumer: &Stream) -> bool {
-        self.on() == consumer
     }
     fn held_release_stream(&self) -> Option<&Stream> {
         Some(self.on())

@@ -57,10 +57,14 @@ pub trait StreamOrdered {
 
     /// Whether the value's memory goes back on `consumer` itself
     /// ([`release_stream`](Self::release_stream) is `consumer`), so that a consumer
-    /// there may let it go as soon as it drops its view. Override it only to answer
-    /// without making a `Stream`.
+    /// there may let it go as soon as it drops its view. Default: compares the
+    /// [`held_release_stream`](Self::held_release_stream) when there is one (no
+    /// `Stream` made), else the `release_stream`.
     fn releases_on(&self, consumer: &Stream) -> bool {
-        self.release_stream().as_ref() == Some(consumer)
+        match self.held_release_stream() {
+            Some(held) => held == consumer,
+            None => self.release_stream().as_ref() == Some(consumer),
+        }
     }
 
     /// The handle of [`release_stream`](Self::release_stream) that the value itself

@@ -272,9 +272,6 @@ impl<T> StreamOrdered for CudaTensor<T> {
     fn release_stream(&self) -> Option<Stream> {
         Some(self.release().clone())
     }
-    fn releases_on(&self, consumer: &Stream) -> bool {
-        self.release() == consumer
-    }
     fn held_release_stream(&self) -> Option<&Stream> {
         Some(self.release())
     }
