@@ -459,7 +459,8 @@ const ASKED_PER_SWEEP: usize = 16;
 /// back for reuse, but it takes a lane's releases oldest first, so the ones left
 /// are all newer than any it took, and an answer about a reused event covers none.
 fn sweep(r: &Reaper, deliver: Deliver) -> usize {
-    let asks: Vec<(StreamKey, Vec<(u64, EventProbe)>)> = {
+    // Each lane's releases asked about (`seq` and event), and its queue's room.
+    let asks: Vec<(StreamKey, Vec<Asked>, usize)> = {
         let q = lock(r);
         q.lanes
             .iter()
@@ -467,7 +468,7 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
                 let newest = lane.queued.back()?;
                 let oldest = lane.queued.iter().take(ASKED_PER_SWEEP.min(lane.queued.len() - 1));
                 let asked = std::iter::once(newest).chain(oldest).map(|p| (p.seq, p.event.probe())).collect();
-                Some((*key, asked))
+                Some((*key, asked, lane.queued.capacity()))
             })
             .collect()
     };
@@ -475,47 +476,84 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
         return 0;
     }
     // With no lock held: which releases of each lane are done (or failed).
-    let answers: Vec<(StreamKey, Answer)> = asks
+    // And, for a lane whose releases are all done, the empty queue that takes its
+    // place, made here rather than under the lock.
+    let answers: Vec<(StreamKey, Answer, VecDeque<Pending>)> = asks
         .into_iter()
-        .filter_map(|(key, asked)| {
-            let answer = ask(&asked);
-            (!matches!(&answer, Answer::Walked(w) if w.is_empty())).then_some((key, answer))
+        .filter_map(|(key, asked, room)| match ask(&asked) {
+            Answer::Walked(w) if w.is_empty() => None,
+            answer @ Answer::AllUpTo(_) => Some((key, answer, VecDeque::with_capacity(room))),
+            answer => Some((key, answer, VecDeque::new())),
         })
         .collect();
-    let batches: Vec<Batch> = {
+    // Under the lock, only the releases answered are taken out of their lanes (all of
+    // a lane's, the usual case, in one move): a thread queueing a release meanwhile
+    // waits for that alone. Their outcomes are written with no lock held.
+    let taken: Vec<(StreamKey, BatchId, VecDeque<Pending>, Answer, String)> = {
         let mut q = lock(r);
-        let mut batches = Vec::new();
-        for (key, answer) in answers {
+        let mut taken = Vec::new();
+        for (key, answer, empty) in answers {
             let Some(lane) = q.lanes.get_mut(&key) else { continue };
-            let mut items = Vec::new();
-            while let Some(p) = lane.queued.front() {
-                let outcome = match &answer {
-                    Answer::AllUpTo(seq) if p.seq <= *seq => Outcome::Release,
-                    Answer::Walked(walked) => match walked.iter().find(|(seq, _)| *seq == p.seq) {
-                        Some((_, None)) => Outcome::Release,
-                        Some((_, Some(e))) => Outcome::Leak(format!(
-                            "querying the release event {:?} on {:?} failed ({e})",
-                            p.event, lane.stream
-                        )),
-                        None => break,
-                    },
-                    Answer::AllUpTo(_) => break,
-                };
-                items.extend(lane.queued.pop_front().map(|p| (p, outcome)));
+            let n = answered(&lane.queued, &answer);
+            if n == 0 {
+                continue;
             }
-            if !items.is_empty() {
-                let id = q.open_batch(key, items.len());
-                batches.push(Batch { key, id, items });
-            }
+            let items = if n == lane.queued.len() {
+                std::mem::replace(&mut lane.queued, empty)
+            } else {
+                lane.queued.drain(..n).collect()
+            };
+            // Named in the message of a failed query (rare: formatted only then).
+            let failed = matches!(&answer, Answer::Walked(w) if w.iter().any(|(_, e)| e.is_some()));
+            let stream = if failed { format!("{:?}", lane.stream) } else { String::new() };
+            let id = q.open_batch(key, n);
+            taken.push((key, id, items, answer, stream));
         }
-        batches
+        taken
     };
+    let batches: Vec<Batch> = taken
+        .into_iter()
+        .map(|(key, id, items, answer, stream)| {
+            let items = items
+                .into_iter()
+                .map(|p| {
+                    let outcome = match &answer {
+                        Answer::AllUpTo(_) => Outcome::Release,
+                        Answer::Walked(walked) => match walked.iter().find(|(seq, _)| *seq == p.seq) {
+                            Some((_, Some(e))) => Outcome::Leak(format!(
+                                "querying the release event {:?} on {stream} failed ({e})",
+                                p.event
+                            )),
+                            _ => Outcome::Release,
+                        },
+                    };
+                    (p, outcome)
+                })
+                .collect();
+            Batch { key, id, items }
+        })
+        .collect();
     let n = batches.iter().map(|b| b.items.len()).sum();
     for b in batches {
         perform(r, b, deliver);
     }
     n
 }
+
+/// How many of a lane's oldest releases `answer` says are done or failed: those it
+/// covers, in order, up to the first it does not.
+fn answered(queued: &VecDeque<Pending>, answer: &Answer) -> usize {
+    match answer {
+        // `seq` grows from each release queued in a lane to the next.
+        Answer::AllUpTo(seq) => queued.partition_point(|p| p.seq <= *seq),
+        Answer::Walked(walked) => {
+            queued.iter().take_while(|p| walked.iter().any(|(seq, _)| *seq == p.seq)).count()
+        }
+    }
+}
+
+/// A queued release a sweep asks about: its `seq`, and its event.
+type Asked = (u64, EventProbe);
 
 /// What a sweep learned of one lane.
 enum Answer {
@@ -529,7 +567,7 @@ enum Answer {
 /// Asks a lane's newest release, then (if it is not done) its oldest ones in order
 /// until one is not done; a failed query leaks that release only, except the newest's
 /// when older ones can still be asked.
-fn ask(asked: &[(u64, EventProbe)]) -> Answer {
+fn ask(asked: &[Asked]) -> Answer {
     let Some(((newest, probe), oldest)) = asked.split_first() else { return Answer::Walked(Vec::new()) };
     match query_probe(probe) {
         Ok(true) => return Answer::AllUpTo(*newest),

@@ -693,3 +693,23 @@ fn a_sweep_takes_the_releases_whose_work_is_done_and_no_newer_one() {
         second_done.load(Ordering::SeqCst) && third_done.load(Ordering::SeqCst)
     }));
 }
+
+#[test]
+fn an_answer_covers_the_oldest_releases_it_names_and_no_newer_one() {
+    let fake = Fake::new();
+    let s = fake.stream(OK);
+    let queued: VecDeque<Pending> = [3, 5, 8]
+        .into_iter()
+        .map(|seq| Pending { event: s.record().unwrap(), seq, keep_alive: KeepAlive::new(()), home: None })
+        .collect();
+    // Done up to a `seq`: every release queued up to it (all, or the older ones).
+    assert_eq!(answered(&queued, &Answer::AllUpTo(8)), 3);
+    assert_eq!(answered(&queued, &Answer::AllUpTo(9)), 3);
+    assert_eq!(answered(&queued, &Answer::AllUpTo(6)), 2);
+    assert_eq!(answered(&queued, &Answer::AllUpTo(2)), 0);
+    // Walked: the oldest ones named, done or failed, up to the first not named.
+    assert_eq!(answered(&queued, &Answer::Walked(vec![(3, None), (5, Some("failed".into()))])), 2);
+    assert_eq!(answered(&queued, &Answer::Walked(vec![(3, None)])), 1);
+    // A flush took the release the walk named first: the ones left are newer.
+    assert_eq!(answered(&queued, &Answer::Walked(vec![(1, None), (2, None)])), 0);
+}
