@@ -476,33 +476,32 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
         return 0;
     }
     // With no lock held: which releases of each lane are done (or failed).
-    // And, for a lane whose releases are all done, the empty queue that takes its
-    // place, made here rather than under the lock.
+    // And an empty queue for what the answer takes (or to take the lane's place),
+    // made here rather than under the lock.
     let answers: Vec<(StreamKey, Answer, VecDeque<Pending>)> = asks
         .into_iter()
         .filter_map(|(key, asked, room)| match ask(&asked) {
             Answer::Walked(w) if w.is_empty() => None,
-            answer @ Answer::AllUpTo(_) => Some((key, answer, VecDeque::with_capacity(room))),
-            answer => Some((key, answer, VecDeque::new())),
+            Answer::Walked(w) => {
+                let room = w.len();
+                Some((key, Answer::Walked(w), VecDeque::with_capacity(room)))
+            }
+            answer => Some((key, answer, VecDeque::with_capacity(room))),
         })
         .collect();
-    // Under the lock, only the releases answered are taken out of their lanes (all of
-    // a lane's, the usual case, in one move): a thread queueing a release meanwhile
-    // waits for that alone. Their outcomes are written with no lock held.
+    // Under the lock, the releases answered are taken out of their lanes with as few
+    // moves as can be ([`take_oldest`]): a thread queueing a release meanwhile waits
+    // for that alone. Their outcomes are written with no lock held.
     let taken: Vec<(StreamKey, BatchId, VecDeque<Pending>, Answer, String)> = {
         let mut q = lock(r);
         let mut taken = Vec::new();
-        for (key, answer, empty) in answers {
+        for (key, answer, spare) in answers {
             let Some(lane) = q.lanes.get_mut(&key) else { continue };
             let n = answered(&lane.queued, &answer);
             if n == 0 {
                 continue;
             }
-            let items = if n == lane.queued.len() {
-                std::mem::replace(&mut lane.queued, empty)
-            } else {
-                lane.queued.drain(..n).collect()
-            };
+            let items = take_oldest(&mut lane.queued, n, spare);
             // Named in the message of a failed query (rare: formatted only then).
             let failed = matches!(&answer, Answer::Walked(w) if w.iter().any(|(_, e)| e.is_some()));
             let stream = if failed { format!("{:?}", lane.stream) } else { String::new() };
@@ -538,6 +537,22 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
         perform(r, b, deliver);
     }
     n
+}
+
+/// Takes the `n` oldest of `queue` out, in order, with as few moves as can be: when
+/// they are most of it (all, or all but the releases queued since a sweep asked),
+/// `queue` changes places with `spare` (empty) and the newer ones move back; else
+/// they move into `spare`.
+fn take_oldest<T>(queue: &mut VecDeque<T>, n: usize, spare: VecDeque<T>) -> VecDeque<T> {
+    if 2 * n >= queue.len() {
+        let mut taken = std::mem::replace(queue, spare);
+        queue.extend(taken.drain(n..));
+        taken
+    } else {
+        let mut taken = spare;
+        taken.extend(queue.drain(..n));
+        taken
+    }
 }
 
 /// How many of a lane's oldest releases `answer` says are done or failed: those it

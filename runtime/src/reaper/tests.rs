@@ -713,3 +713,15 @@ fn an_answer_covers_the_oldest_releases_it_names_and_no_newer_one() {
     // A flush took the release the walk named first: the ones left are newer.
     assert_eq!(answered(&queued, &Answer::Walked(vec![(1, None), (2, None)])), 0);
 }
+
+#[test]
+fn taking_the_oldest_releases_keeps_both_parts_in_order() {
+    for len in 0..9usize {
+        for n in 0..=len {
+            let mut queue: VecDeque<usize> = (0..len).collect();
+            let taken = take_oldest(&mut queue, n, VecDeque::with_capacity(len));
+            assert_eq!(taken.into_iter().collect::<Vec<_>>(), (0..n).collect::<Vec<_>>(), "{n} of {len}");
+            assert_eq!(queue.into_iter().collect::<Vec<_>>(), (n..len).collect::<Vec<_>>(), "{n} of {len}");
+        }
+    }
+}
