@@ -61,8 +61,9 @@ pub fn drain(timeout: Duration) -> Drained {
     stats::host_sync(|| {
         let deadline = Instant::now() + timeout;
         let mut backoff = Duration::from_micros(5);
+        let mut spares = Spares::default();
         loop {
-            sweep(r, Deliver::Here);
+            sweep(r, Deliver::Here, &mut spares);
             home::take_all_now();
             let busy = {
                 let q = lock(r);

@@ -410,6 +410,7 @@ fn min_poll() -> Duration {
 
 fn run() {
     let r = reaper();
+    let mut spares = Spares::default();
     let mut backoff = min_poll();
     let mut last_work = Instant::now();
     loop {
@@ -431,7 +432,7 @@ fn run() {
             }
         }
         // Deferred releases go to their homes; what waited there too long is dropped here.
-        if sweep(r, Deliver::Home) + home::take_all(home::STALE) == 0 {
+        if sweep(r, Deliver::Home, &mut spares) + home::take_all(home::STALE) == 0 {
             backoff = (backoff * 2).min(MAX_POLL.max(min_poll()));
         } else {
             last_work = Instant::now();
@@ -458,9 +459,8 @@ const ASKED_PER_SWEEP: usize = 16;
 /// queued are taken: a flush may have taken them meanwhile, and given their events
 /// back for reuse, but it takes a lane's releases oldest first, so the ones left
 /// are all newer than any it took, and an answer about a reused event covers none.
-fn sweep(r: &Reaper, deliver: Deliver) -> usize {
-    // Each lane's releases asked about (`seq` and event), and its queue's room.
-    let asks: Vec<(StreamKey, Vec<Asked>, usize)> = {
+fn sweep(r: &Reaper, deliver: Deliver, spares: &mut Spares) -> usize {
+    let asks: Vec<(StreamKey, Vec<Asked>)> = {
         let q = lock(r);
         q.lanes
             .iter()
@@ -468,7 +468,7 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
                 let newest = lane.queued.back()?;
                 let oldest = lane.queued.iter().take(ASKED_PER_SWEEP.min(lane.queued.len() - 1));
                 let asked = std::iter::once(newest).chain(oldest).map(|p| (p.seq, p.event.probe())).collect();
-                Some((*key, asked, lane.queued.capacity()))
+                Some((*key, asked))
             })
             .collect()
     };
@@ -476,17 +476,11 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
         return 0;
     }
     // With no lock held: which releases of each lane are done (or failed).
-    // And an empty queue for what the answer takes (or to take the lane's place),
-    // made here rather than under the lock.
-    let answers: Vec<(StreamKey, Answer, VecDeque<Pending>)> = asks
+    let answers: Vec<(StreamKey, Answer)> = asks
         .into_iter()
-        .filter_map(|(key, asked, room)| match ask(&asked) {
-            Answer::Walked(w) if w.is_empty() => None,
-            Answer::Walked(w) => {
-                let room = w.len();
-                Some((key, Answer::Walked(w), VecDeque::with_capacity(room)))
-            }
-            answer => Some((key, answer, VecDeque::with_capacity(room))),
+        .filter_map(|(key, asked)| {
+            let answer = ask(&asked);
+            (!matches!(&answer, Answer::Walked(w) if w.is_empty())).then_some((key, answer))
         })
         .collect();
     // Under the lock, the releases answered are taken out of their lanes with as few
@@ -495,13 +489,13 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
     let taken: Vec<(StreamKey, BatchId, VecDeque<Pending>, Answer, String)> = {
         let mut q = lock(r);
         let mut taken = Vec::new();
-        for (key, answer, spare) in answers {
+        for (key, answer) in answers {
             let Some(lane) = q.lanes.get_mut(&key) else { continue };
             let n = answered(&lane.queued, &answer);
             if n == 0 {
                 continue;
             }
-            let items = take_oldest(&mut lane.queued, n, spare);
+            let items = take_oldest(&mut lane.queued, n, spares.take());
             // Named in the message of a failed query (rare: formatted only then).
             let failed = matches!(&answer, Answer::Walked(w) if w.iter().any(|(_, e)| e.is_some()));
             let stream = if failed { format!("{:?}", lane.stream) } else { String::new() };
@@ -512,9 +506,9 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
     };
     let batches: Vec<Batch> = taken
         .into_iter()
-        .map(|(key, id, items, answer, stream)| {
-            let items = items
-                .into_iter()
+        .map(|(key, id, mut items, answer, stream)| {
+            let outcomes = items
+                .drain(..)
                 .map(|p| {
                     let outcome = match &answer {
                         Answer::AllUpTo(_) => Outcome::Release,
@@ -529,7 +523,8 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
                     (p, outcome)
                 })
                 .collect();
-            Batch { key, id, items }
+            spares.keep(items);
+            Batch { key, id, items: outcomes }
         })
         .collect();
     let n = batches.iter().map(|b| b.items.len()).sum();
@@ -537,6 +532,29 @@ fn sweep(r: &Reaper, deliver: Deliver) -> usize {
         perform(r, b, deliver);
     }
     n
+}
+
+/// Empty queues kept from one sweep to the next with their room, so that taking
+/// releases out of their lanes ([`take_oldest`]) allocates nothing, and frees nothing
+/// under the lock, once releases come at a steady rate.
+#[derive(Default)]
+struct Spares(Vec<VecDeque<Pending>>);
+
+impl Spares {
+    /// How many it keeps: one or two lanes are busy at a time, mostly.
+    const KEPT: usize = 4;
+
+    /// An empty queue: a kept one, or a new one (which allocates nothing yet).
+    fn take(&mut self) -> VecDeque<Pending> {
+        self.0.pop().unwrap_or_default()
+    }
+
+    /// Keeps `queue` (emptied) for a later sweep, if there is room.
+    fn keep(&mut self, queue: VecDeque<Pending>) {
+        if queue.is_empty() && self.0.len() < Self::KEPT {
+            self.0.push(queue);
+        }
+    }
 }
 
 /// Takes the `n` oldest of `queue` out, in order, with as few moves as can be: when
