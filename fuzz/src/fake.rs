@@ -77,8 +77,10 @@ pub struct Slot {
 
 impl Slot {
     /// Keep-alive `id` is being dropped: at most once, never after its release event
-    /// failed to record or to answer a query, and only once the work enqueued on its
-    /// stream before its release has completed.
+    /// failed to record, never after a query of it failed unless the device then said
+    /// it was done (a query of it or of a later event of its stream said so, or a
+    /// synchronize of one returned), and only once the work enqueued on its stream
+    /// before its release has completed.
     pub fn drop_checked(&mut self, id: usize, fake: Option<&Fake>) {
         assert!(self.armed && !self.dropped, "keep-alive {id} dropped twice (or before it was released)");
         self.armed = false;
@@ -93,8 +95,9 @@ impl Slot {
             self.need
         );
         assert!(
-            !fake.query_failed(lane, self.record),
-            "keep-alive {id} dropped although querying its release event failed (it must be leaked)"
+            !fake.query_failed(lane, self.record) || fake.confirmed(lane, self.record),
+            "keep-alive {id} dropped although querying its release event failed and the device never said \
+             it was done (it must be leaked)"
         );
     }
 }
@@ -176,9 +179,19 @@ struct State {
     query_failed: HashSet<(usize, u64)>,
     /// (lane, record number) of events whose synchronize failed.
     sync_failed: HashSet<(usize, u64)>,
+    /// Per lane, the latest record number the device said was done (a query answered
+    /// true, or a synchronize returned): events of a stream complete in order, so
+    /// every earlier record is done too.
+    confirmed: HashMap<usize, u64>,
 }
 
 impl State {
+    /// The device said `record` of `lane` (and so every earlier one) was done.
+    fn confirm(&mut self, lane: usize, record: u64) {
+        let latest = self.confirmed.entry(lane).or_insert(record);
+        *latest = (*latest).max(record);
+    }
+
     fn done(&self, lane: usize, now: Instant) -> u64 {
         let l = &self.lanes[lane];
         if l.opened {
@@ -287,6 +300,11 @@ impl Fake {
         self.state().query_failed.contains(&(lane, record))
     }
 
+    /// Whether the device said an event of `lane` recorded at or after `record` was done.
+    pub fn confirmed(&self, lane: usize, record: u64) -> bool {
+        self.state().confirmed.get(&lane).is_some_and(|&r| r >= record)
+    }
+
     /// Whether a synchronize of an event of `lane` recorded at or after `record` failed.
     pub fn sync_failed_since(&self, lane: usize, record: u64) -> bool {
         self.state().sync_failed.iter().any(|&(l, r)| l == lane && r >= record)
@@ -340,7 +358,12 @@ impl Backend for Fake {
             self.state().query_failed.insert((lane, record));
             return Err(failed("query"));
         }
-        Ok(self.state().done(lane, Instant::now()) >= target)
+        let mut s = self.state();
+        let done = s.done(lane, Instant::now()) >= target;
+        if done {
+            s.confirm(lane, record);
+        }
+        Ok(done)
     }
     fn synchronize(&self, event: RawEvent) -> Result<()> {
         let (lane, target, record, spec) = self.event(event);
@@ -355,18 +378,20 @@ impl Backend for Fake {
             s.sync_failed.insert((lane, record));
             return Err(failed("synchronize"));
         }
-        match spec.mode {
-            Mode::Manual => {
-                let l = &mut s.lanes[lane];
-                l.done = l.done.max(target);
-            }
-            Mode::Delay(_) if !s.lanes[lane].opened => {
-                let due = s.lanes[lane].due[target as usize - 1];
-                drop(s);
-                std::thread::sleep(due.saturating_duration_since(Instant::now()));
-            }
-            _ => {}
+        if spec.mode == Mode::Manual {
+            let l = &mut s.lanes[lane];
+            l.done = l.done.max(target);
         }
+        if let Mode::Delay(_) = spec.mode
+            && !s.lanes[lane].opened
+        {
+            let due = s.lanes[lane].due[target as usize - 1];
+            drop(s);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            s = self.state();
+        }
+        // Returned: the device says the event is done.
+        s.confirm(lane, record);
         Ok(())
     }
     fn describe_stream(&self, stream: RawStream) -> String {

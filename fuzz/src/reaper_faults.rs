@@ -10,7 +10,9 @@
 //! - it was released and not dropped before (at most once);
 //! - all the work enqueued on its stream before its release has completed (never
 //!   early);
-//! - its release event was recorded, and no query of it failed (never after an error).
+//! - its release event was recorded, and no query of it failed unless the device then
+//!   said it was done (a query of it or of a later event of its stream, or a
+//!   synchronize): never after an error the device did not take back.
 //!
 //! And the harness checks, on the fuzzing thread: a host (or no-stream) release drops
 //! at once; a failed record leaks (counted); after `flush_stream(s)` every release

@@ -24,7 +24,11 @@
 //! querying it fails, a flush's synchronize on it fails and a query does not say
 //! "done" either), the keep-alive is leaked on purpose: never dropped, counted in
 //! [`stats()`](crate::stats())`.releases_leaked` (`Stats::releases_leaked`), and
-//! reported on stderr the first time (later ones are only counted).
+//! reported on stderr the first time (later ones are only counted). A failed query
+//! of a stream's newest release, while older ones can still be asked, is not the last
+//! word: that release stays queued, and is released once the device says it is done
+//! after all (its event or a later release's answers "done", or a flush's
+//! synchronize returns), since events of a stream complete in order.
 //!
 //! No lock is held while waiting on the device: a flush takes the releases it waits
 //! for out of the queue first and waits without any lock; the background thread
