@@ -183,6 +183,17 @@ pub enum XlaError {
         detail: String,
     },
 
+    /// [`Kernel::vjp`](crate::Kernel::vjp) or [`Artifact::vjp`](crate::Artifact::vjp) on a
+    /// program that carries no VJP (gradient): StableHLO, a `jax.export` artifact
+    /// serialized without one (`vjp_order=0`, the default), or one whose VJP is refused.
+    #[error("{program} has no VJP: {reason}")]
+    NoVjp {
+        /// The program's name.
+        program: String,
+        /// Why, and how to export one.
+        reason: String,
+    },
+
     /// A runtime (hand-off) error.
     #[error(transparent)]
     Runtime(Box<handoff_runtime::Error>),

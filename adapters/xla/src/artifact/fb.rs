@@ -215,13 +215,15 @@ table! {
             in_shardings_idxs: 52 => Array<'a, u32>,
             out_shardings_idxs: 54 => Array<'a, u32>,
             jax_version: 56 => Str<'a>,
+            // The VJP (`serialize(vjp_order=k)`, k > 0): an `Exported` of its own,
+            // verified recursively (depth bounded by the verifier's `max_depth`).
+            vjp: 38 => ForwardsUOffset<Exported<'a>>,
         }
         verified {
             in_tree: 8 => ForwardsUOffset<PyTreeDef<'a>>,
             out_tree: 12 => ForwardsUOffset<PyTreeDef<'a>>,
             disabled_checks: 28 => Tables<'a, DisabledSafetyCheck<'a>>,
             uses_global_constants: 36 => bool,
-            vjp: 38 => ForwardsUOffset<Exported<'a>>,
         }
     }
 }

@@ -67,6 +67,9 @@ const DTYPES: &[(i8, &str, Option<DataType>)] = &[
 /// [`kept_inputs`](Artifact::kept_inputs). Its results are the
 /// [`outputs`](Artifact::outputs).
 ///
+/// Serialized with `vjp_order=1` or more (`Exported.serialize(vjp_order=1)`), it also
+/// carries its VJP, an artifact of its own: [`vjp`](Artifact::vjp).
+///
 /// What handoff does not support yet is refused with [`XlaError::Unsupported`]: shape
 /// polymorphism, effects, sharding over several devices, non-device memory, token
 /// values, dtypes DLPack has no code for, a serialization version newer than those read
@@ -90,7 +93,23 @@ pub struct Artifact {
     kept_inputs: Vec<usize>,
     module: Vec<u8>,
     calling_convention_version: u16,
+    float0_inputs: Vec<usize>,
+    float0_outputs: Vec<usize>,
+    vjp: Option<Vjp>,
 }
+
+/// The VJP an artifact carries, as read.
+#[derive(Clone, PartialEq, Eq)]
+enum Vjp {
+    Read(Box<Artifact>),
+    /// Read, but using what handoff does not support yet: the refusal's message (the
+    /// primal stays usable).
+    Refused(String),
+}
+
+/// JAX's dtype code of `float0`, the dtype of the cotangent of an integer or boolean
+/// value (no data): the module has an `i1` array of that shape in its place.
+const FLOAT0: i8 = 22;
 
 impl std::fmt::Debug for Artifact {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -102,6 +121,16 @@ impl std::fmt::Debug for Artifact {
             .field("kept_inputs", &self.kept_inputs)
             .field("module", &format_args!("<{} bytes>", self.module.len()))
             .field("calling_convention_version", &self.calling_convention_version)
+            .field("float0_inputs", &self.float0_inputs)
+            .field("float0_outputs", &self.float0_outputs)
+            .field(
+                "vjp",
+                &match &self.vjp {
+                    None => "none".to_owned(),
+                    Some(Vjp::Read(v)) => format!("{v:?}"),
+                    Some(Vjp::Refused(why)) => format!("refused: {why}"),
+                },
+            )
             .finish()
     }
 }
@@ -145,14 +174,71 @@ impl Artifact {
         self.platforms.len() > 1
     }
 
-    /// The user-visible inputs (JAX's `in_avals`, flattened).
+    /// The user-visible inputs (JAX's `in_avals`, flattened). A `float0` input (see
+    /// [`float0_inputs`](Artifact::float0_inputs)) is listed as a `bool` array.
     pub fn inputs(&self) -> &[ArraySpec] {
         &self.inputs
     }
 
-    /// The user-visible outputs (JAX's `out_avals`, flattened): the module's results.
+    /// The user-visible outputs (JAX's `out_avals`, flattened): the module's results. A
+    /// `float0` output (see [`float0_outputs`](Artifact::float0_outputs)) is listed as
+    /// the `bool` array the module returns (all `false`).
     pub fn outputs(&self) -> &[ArraySpec] {
         &self.outputs
+    }
+
+    /// Which [`inputs`](Artifact::inputs) are of JAX's dtype `float0`: the cotangents a
+    /// VJP takes for integer and boolean outputs, which hold no data. The module never
+    /// reads them (an artifact whose module does is refused), so a
+    /// [`Kernel`](crate::Kernel) does not take them.
+    pub fn float0_inputs(&self) -> &[usize] {
+        &self.float0_inputs
+    }
+
+    /// Which [`outputs`](Artifact::outputs) are of JAX's dtype `float0`: the cotangents
+    /// a VJP gives for integer and boolean inputs, returned by the module as `bool`
+    /// arrays of zeros (`false`).
+    pub fn float0_outputs(&self) -> &[usize] {
+        &self.float0_outputs
+    }
+
+    /// Whether the artifact carries its VJP (it was serialized with `vjp_order` >= 1),
+    /// readable or not (see [`vjp`](Artifact::vjp)).
+    pub fn has_vjp(&self) -> bool {
+        self.vjp.is_some()
+    }
+
+    /// The VJP (vector-Jacobian product) JAX serialized with the artifact
+    /// (`Exported.serialize(vjp_order=1)`; JAX's `Exported.vjp()`): an artifact taking
+    /// the primal inputs, then one cotangent per output, and returning one cotangent
+    /// per input, exported for the same platforms (so a multi-platform VJP takes its
+    /// own platform index first).
+    ///
+    /// The cotangent of an integer or boolean output is `float0` (see
+    /// [`float0_inputs`](Artifact::float0_inputs)), and that of such an input comes back
+    /// as a `bool` array of zeros (see [`float0_outputs`](Artifact::float0_outputs)).
+    ///
+    /// [`XlaError::NoVjp`] when the artifact was serialized without one (`vjp_order=0`,
+    /// JAX's default) or its VJP uses what handoff does not support yet (the primal
+    /// still loads).
+    ///
+    /// ```no_run
+    /// use handoff_xla::Artifact;
+    /// let primal = Artifact::from_bytes(&std::fs::read("f.jaxexport").unwrap())?;
+    /// let vjp = primal.vjp()?;
+    /// assert_eq!(vjp.inputs().len(), primal.inputs().len() + primal.outputs().len());
+    /// assert_eq!(vjp.outputs().len(), primal.inputs().len());
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn vjp(&self) -> Result<&Artifact> {
+        let reason = match &self.vjp {
+            Some(Vjp::Read(v)) => return Ok(v),
+            Some(Vjp::Refused(why)) => format!("its VJP is refused: {why}"),
+            None => "the jax.export artifact was serialized without one: \
+                     serialize it with `exported.serialize(vjp_order=1)`"
+                .to_owned(),
+        };
+        Err(XlaError::NoVjp { program: self.function_name.clone(), reason })
     }
 
     /// Which of the [`inputs`](Artifact::inputs) the module actually takes, in order
@@ -333,6 +419,38 @@ fn read(exp: fb::Exported<'_>) -> Result<Artifact> {
         ));
     }
 
+    let float0 = |avals: &[fb::AbstractValue<'_>]| -> Vec<usize> {
+        avals.iter().enumerate().filter(|(_, a)| a.dtype() == Some(FLOAT0)).map(|(i, _)| i).collect()
+    };
+    let (float0_inputs, float0_outputs) = (float0(&in_avals), float0(&out_avals));
+    if let Some(i) = float0_inputs.iter().find(|i| kept_inputs.contains(i)) {
+        return Err(unsupported(
+            "a float0 input read by the module",
+            format!(
+                "input {i} of {function_name} is float0 (no data) but its module takes it \
+                 (JAX's VJPs drop the cotangents of integer outputs)"
+            ),
+        ));
+    }
+
+    let vjp = match exp.vjp().map(read) {
+        None => None,
+        Some(Ok(vjp)) => {
+            check_vjp(function_name, &platforms, &inputs, &outputs, &vjp)?;
+            Some(Vjp::Read(Box::new(vjp)))
+        }
+        // The primal stays usable; `Artifact::vjp` says why its VJP is not.
+        Some(Err(e @ XlaError::Unsupported { .. })) => Some(Vjp::Refused(e.to_string())),
+        Some(Err(XlaError::Invalid { field, value, reason })) => {
+            return Err(XlaError::Invalid {
+                field: format!("{field} (in the VJP, Exported.vjp)"),
+                value,
+                reason,
+            });
+        }
+        Some(Err(e)) => return Err(e),
+    };
+
     Ok(Artifact {
         function_name: function_name.to_owned(),
         platforms,
@@ -341,7 +459,64 @@ fn read(exp: fb::Exported<'_>) -> Result<Artifact> {
         kept_inputs,
         module: module.to_vec(),
         calling_convention_version,
+        float0_inputs,
+        float0_outputs,
+        vjp,
     })
+}
+
+/// Checks that a VJP follows JAX's calling convention (`_get_vjp_fun` in jax 0.11.2):
+/// the same platforms; the primal inputs then one cotangent per primal output in; one
+/// cotangent per primal input out; a cotangent has its primal's shape and dtype, or
+/// `float0` (integer and boolean primals).
+fn check_vjp(
+    name: &str,
+    platforms: &[String],
+    inputs: &[ArraySpec],
+    outputs: &[ArraySpec],
+    vjp: &Artifact,
+) -> Result<()> {
+    let convention = "JAX's VJP is exported for the primal's platforms, takes the primal inputs then one \
+                      cotangent per output, and returns one cotangent per input";
+    let bad =
+        |what: &str, value: String| invalid(&format!("vjp {what}"), value, format!("{name}: {convention}"));
+    if vjp.platforms != platforms {
+        return Err(bad("platforms", format!("{:?} (the primal's: {platforms:?})", vjp.platforms)));
+    }
+    let (n, m) = (inputs.len(), outputs.len());
+    if vjp.inputs.len() != n + m || vjp.outputs.len() != n {
+        return Err(bad(
+            "arity",
+            format!(
+                "{} inputs and {} outputs (the primal has {n} inputs and {m} outputs)",
+                vjp.inputs.len(),
+                vjp.outputs.len()
+            ),
+        ));
+    }
+    let cotangent = |ct: &ArraySpec, float0: bool, primal: &ArraySpec| {
+        ct.shape == primal.shape && (float0 || ct.dtype == primal.dtype)
+    };
+    for (i, (p, v)) in inputs.iter().zip(&vjp.inputs).enumerate() {
+        if p != v {
+            return Err(bad(&format!("input {i}"), format!("{v} (the primal input is {p})")));
+        }
+    }
+    for (j, out) in outputs.iter().enumerate() {
+        let ct = &vjp.inputs[n + j];
+        if !cotangent(ct, vjp.float0_inputs.contains(&(n + j)), out) {
+            return Err(bad(
+                &format!("input {}", n + j),
+                format!("{ct} (the cotangent of output {j}, {out})"),
+            ));
+        }
+    }
+    for (i, (p, ct)) in inputs.iter().zip(&vjp.outputs).enumerate() {
+        if !cotangent(ct, vjp.float0_outputs.contains(&i), p) {
+            return Err(bad(&format!("output {i}"), format!("{ct} (the cotangent of input {i}, {p})")));
+        }
+    }
+    Ok(())
 }
 
 type Avals<'a> = flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<fb::AbstractValue<'a>>>;
@@ -397,6 +572,8 @@ fn array_spec(at: &str, aval: fb::AbstractValue<'_>) -> Result<ArraySpec> {
     let code = aval.dtype().unwrap_or(0);
     let dtype = match DTYPES.iter().find(|(c, _, _)| *c == code) {
         Some((_, _, Some(d))) => *d,
+        // No data: the module holds an i1 array in its place (see `Artifact::float0_inputs`).
+        _ if code == FLOAT0 => DataType::BOOL,
         Some((_, name, None)) => {
             return Err(unsupported(
                 format!("the dtype {name}"),

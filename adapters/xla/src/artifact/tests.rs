@@ -265,6 +265,11 @@ fn artifact_synthetic_valid() {
     assert_eq!(a.kept_inputs(), [0]);
     let a = Fake { dims: vec![], ..Fake::default() }.read().unwrap();
     assert_eq!(a.inputs(), [f32s(&[])]);
+    // float0 (a cotangent of an integer value): the module's bool array, never read.
+    let a = Fake { dtype: 22, kept: vec![], ..Fake::default() }.read().unwrap();
+    assert_eq!(a.inputs(), [ArraySpec { dtype: Some(DataType::BOOL), shape: vec![4] }]);
+    assert_eq!((a.float0_inputs(), a.float0_outputs()), (&[0][..], &[0][..]));
+    assert!(!a.has_vjp());
 }
 
 #[test]
@@ -275,7 +280,7 @@ fn artifact_unsupported_features_are_named() {
         (Fake { ordered_effects: 1, ..Fake::default() }, "effects"),
         (Fake { nr_devices: 8, ..Fake::default() }, "sharding over several devices"),
         (Fake { mesh_axis_sizes: Some(vec![2, 1]), ..Fake::default() }, "sharding over several devices"),
-        (Fake { dtype: 22, ..Fake::default() }, "the dtype f0 (float0)"),
+        (Fake { dtype: 22, ..Fake::default() }, "a float0 input read by the module"),
         (Fake { dtype: 15, ..Fake::default() }, "the dtype i4"),
         (Fake { dtype: 27, ..Fake::default() }, "the dtype key<fry> (PRNG key)"),
         (Fake { dtype: 99, ..Fake::default() }, "the dtype code 99"),

@@ -35,6 +35,7 @@ use crate::hlo::ArraySpec;
 use crate::result::executable::{RawList, all_positions};
 use handoff_runtime::{Exportable, Stream};
 use std::path::Path;
+use std::sync::OnceLock;
 
 mod inputs;
 mod outputs;
@@ -48,7 +49,8 @@ pub use outputs::{AsIs, Imported, Output, OutputBuffers, Outputs};
 /// Load StableHLO (text or bytecode) or a `jax.export` artifact with [`Kernel::load`],
 /// or build one with [`Kernel::compile`]; call it with [`Kernel::call1`] (one input,
 /// one output), [`Kernel::call`] (arrays, tuples or vectors of inputs and outputs) or
-/// [`Kernel::call_with`] (options). Thread-safe.
+/// [`Kernel::call_with`] (options); its gradient with [`Kernel::vjp`] (artifacts
+/// serialized with `vjp_order=1`). Thread-safe.
 pub struct Kernel {
     exe: Executable,
     client: Client,
@@ -64,6 +66,20 @@ pub struct Kernel {
     platform_index: Option<Buffer>,
     /// Every argument index, made once: what a call passes as non-donatable.
     no_donation: Vec<i64>,
+    /// Where the VJP comes from.
+    vjp_source: VjpSource,
+    /// The options it was compiled with (the VJP is compiled with the same).
+    options: CompileOptions,
+    /// The VJP kernel, compiled on first use.
+    vjp: OnceLock<Box<Kernel>>,
+}
+
+/// Where a kernel's VJP comes from.
+enum VjpSource {
+    /// The VJP of the kernel's `jax.export` artifact.
+    Artifact(Box<Artifact>),
+    /// None: why (the reason of [`XlaError::NoVjp`]).
+    Missing(String),
 }
 
 impl std::fmt::Debug for Kernel {
@@ -188,12 +204,25 @@ impl Kernel {
     /// for several platforms gets its platform-index argument from the kernel, so
     /// callers pass only their own inputs.
     pub fn compile(client: &Client, source: impl Into<Source>, options: &CompileOptions) -> Result<Kernel> {
+        Kernel::compile_named(client, source.into(), options, None)
+    }
+
+    /// [`compile`](Self::compile), naming an artifact's program `name` (default: the
+    /// function name JAX recorded).
+    fn compile_named(
+        client: &Client,
+        source: Source,
+        options: &CompileOptions,
+        name: Option<String>,
+    ) -> Result<Kernel> {
         let device = client.device(options.device.unwrap_or(0))?;
-        let (exe, params, kept, platform_index) = match source.into() {
+        let (exe, params, kept, platform_index, vjp_source) = match source {
             Source::Program(program) => {
                 let exe = client.compile_with(&program, options)?;
                 let params = exe.parameters().map(<[ArraySpec]>::to_vec);
-                (exe, params, None, None)
+                let no_vjp = "it was compiled from StableHLO, which carries no VJP: export the function with \
+                              jax.export and `serialize(vjp_order=1)`";
+                (exe, params, None, None, VjpSource::Missing(no_vjp.to_owned()))
             }
             Source::Artifact(artifact) => {
                 let platform = client.platform().to_ascii_lowercase();
@@ -204,27 +233,47 @@ impl Kernel {
                         format!("the client's platform is {platform}: export for it too"),
                     ));
                 };
-                let program = Program::bytecode(artifact.module().to_vec()).named(artifact.function_name());
+                let name = name.unwrap_or_else(|| artifact.function_name().to_owned());
+                let program = Program::bytecode(artifact.module().to_vec()).named(name);
                 let exe = client.compile_with(&program, options)?;
                 let platform_index = if artifact.takes_platform_index() {
                     Some(buffer::platform_index_buffer(client, &device, index)?)
                 } else {
                     None
                 };
-                let n = artifact.inputs().len();
-                let mut kept = vec![false; n];
-                for &k in artifact.kept_inputs() {
-                    if let Some(slot) = kept.get_mut(k) {
-                        *slot = true;
-                    }
-                }
-                (exe, Some(artifact.inputs().to_vec()), Some(kept), platform_index)
+                // Callers pass every input but the float0 ones (no data, never read:
+                // `Artifact` refuses a module that reads one).
+                let (params, kept): (Vec<ArraySpec>, Vec<bool>) = artifact
+                    .inputs()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !artifact.float0_inputs().contains(i))
+                    .map(|(i, spec)| (spec.clone(), artifact.kept_inputs().contains(&i)))
+                    .unzip();
+                let vjp_source = match artifact.vjp() {
+                    Ok(vjp) => VjpSource::Artifact(Box::new(vjp.clone())),
+                    Err(XlaError::NoVjp { reason, .. }) => VjpSource::Missing(reason),
+                    Err(e) => VjpSource::Missing(e.to_string()),
+                };
+                (exe, Some(params), Some(kept), platform_index, vjp_source)
             }
         };
         let ready = client.ready_stream(&device)?;
         let arguments = params.as_ref().map_or(0, Vec::len) + usize::from(platform_index.is_some());
         let no_donation = (0..arguments as i64).collect();
-        Ok(Kernel { exe, client: client.clone(), device, ready, params, kept, platform_index, no_donation })
+        Ok(Kernel {
+            exe,
+            client: client.clone(),
+            device,
+            ready,
+            params,
+            kept,
+            platform_index,
+            no_donation,
+            vjp_source,
+            options: options.clone(),
+            vjp: OnceLock::new(),
+        })
     }
 
     /// The program's name.
@@ -261,6 +310,59 @@ impl Kernel {
     /// The compiled executable, for adapter authors who execute buffers themselves.
     pub fn executable(&self) -> &Executable {
         &self.exe
+    }
+
+    /// The kernel's VJP (vector-Jacobian product, the gradient's building block), from
+    /// a `jax.export` artifact serialized with it (`exported.serialize(vjp_order=1)`),
+    /// compiled for the same device on first use and kept.
+    ///
+    /// JAX's calling convention (`Exported.vjp()`), which the VJP kernel checks like
+    /// any call, each input against its exported shape and dtype, before it runs:
+    ///
+    /// - **inputs**: the primal inputs, as [`call`](Self::call) takes them, then the
+    ///   cotangent of each output (the gradient of the loss with respect to it: same
+    ///   shape and dtype), except integer and boolean outputs, which have none (JAX's
+    ///   `float0`);
+    /// - **outputs**: the cotangent of each primal input (the gradient of the loss
+    ///   with respect to it: same shape and dtype), in order; that of an integer or
+    ///   boolean input is a `bool` array of `false` (JAX's `float0`).
+    ///
+    /// An input error names its index: the primals first, then the cotangents. The
+    /// VJP runs the primal's forward again (JAX exports no residuals); an artifact
+    /// exported for several platforms gets its platform index from the kernel, as
+    /// the primal does. The VJP kernel is named `vjp(<name>)`.
+    ///
+    /// [`XlaError::NoVjp`] for a kernel compiled from StableHLO, from an artifact
+    /// serialized without a VJP (`vjp_order=0`, JAX's default), or from one whose VJP
+    /// uses what handoff does not support yet, with the reason.
+    ///
+    /// ```no_run
+    /// # use handoff_xla::{Buffer, Client, Kernel};
+    /// # let client = Client::from_env()?;
+    /// // y = x + gelu_tanh(layernorm(x @ w)), exported with `serialize(vjp_order=1)`
+    /// let kernel = Kernel::load(&client, "adapters/xla/programs/block_f32_8x16_cpu_vjp.jaxexport")?;
+    /// let d = client.device(0)?;
+    /// let x = client.buffer_from_host(&d, &[0.5f32; 128], &[8, 16])?;
+    /// let w = client.buffer_from_host(&d, &[0.1f32; 256], &[16, 16])?;
+    /// let [y]: [Buffer; 1] = kernel.call([&x, &w])?;
+    /// let dy = client.buffer_from_host(&d, &[1.0f32; 128], &[8, 16])?; // d loss / d y
+    /// let [dx, dw]: [Buffer; 2] = kernel.vjp()?.call([&x, &w, &dy])?; // d loss / d x, d loss / d w
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn vjp(&self) -> Result<&Kernel> {
+        if let Some(k) = self.vjp.get() {
+            return Ok(k);
+        }
+        let artifact = match &self.vjp_source {
+            VjpSource::Artifact(a) => (**a).clone(),
+            VjpSource::Missing(reason) => {
+                return Err(XlaError::NoVjp { program: self.name().to_owned(), reason: reason.clone() });
+            }
+        };
+        let name = format!("vjp({})", self.name());
+        let k = Kernel::compile_named(&self.client, Source::Artifact(artifact), &self.options, Some(name))?;
+        // Two threads asking at once both compile; one keeps its kernel.
+        Ok(self.vjp.get_or_init(|| Box::new(k)))
     }
 
     /// Calls the kernel on one input and returns its one output, as the type asked for.
