@@ -155,6 +155,10 @@ struct Fake {
     inline_avals: bool,
     kept: Vec<u16>,
     platforms: Vec<&'static str>,
+    /// How many inputs (all alike; one output).
+    inputs: usize,
+    /// The nested VJP (`serialize(vjp_order=1)`).
+    vjp: Option<Box<Fake>>,
 }
 
 impl Default for Fake {
@@ -171,14 +175,24 @@ impl Default for Fake {
             inline_avals: false,
             kept: vec![0],
             platforms: vec!["cpu"],
+            inputs: 1,
+            vjp: None,
         }
     }
 }
 
 impl Fake {
     fn build(&self) -> Vec<u8> {
-        type Off = WIPOffset<flatbuffers::TableFinishedWIPOffset>;
         let mut b = FlatBufferBuilder::new();
+        let root = self.table(&mut b);
+        b.finish_minimal(root);
+        b.finished_data().to_vec()
+    }
+
+    /// The `Exported` table, in `b`.
+    fn table(&self, b: &mut FlatBufferBuilder<'_>) -> WIPOffset<flatbuffers::TableFinishedWIPOffset> {
+        type Off = WIPOffset<flatbuffers::TableFinishedWIPOffset>;
+        let vjp = self.vjp.as_ref().map(|v| v.table(b));
         let dims: Vec<_> = self.dims.iter().map(|d| b.create_string(d)).collect();
         let shape = b.create_vector(&dims);
         let t = b.start_table();
@@ -188,6 +202,7 @@ impl Fake {
         b.push_slot::<i8>(10, self.memory_space, 0);
         let aval: Off = b.end_table(t);
         let avals = b.create_vector(&[aval]);
+        let in_avals = b.create_vector(&vec![aval; self.inputs]);
         let name = b.create_string("fake");
         let platforms: Vec<_> = self.platforms.iter().map(|p| b.create_string(p)).collect();
         let platforms = b.create_vector(&platforms);
@@ -203,6 +218,9 @@ impl Fake {
         let module = b.create_vector(&b"ML\xefR fake module"[..]);
         let kept = b.create_vector(&self.kept);
         let idxs = b.create_vector(&[0u32]);
+        let in_idxs = b.create_vector(&vec![0u32; self.inputs]);
+        let sharding = u32::from(self.mesh_axis_sizes.is_some());
+        let in_sharding_idxs = b.create_vector(&vec![sharding; self.inputs]);
         let (meshes, shardings, sharding_idxs) = match &self.mesh_axis_sizes {
             None => (None, None, b.create_vector(&[0u32])),
             Some(sizes) => {
@@ -223,11 +241,11 @@ impl Fake {
         b.push_slot::<u16>(4, self.version, 0);
         b.push_slot_always(6, name);
         if self.inline_avals {
-            b.push_slot_always(10, avals);
+            b.push_slot_always(10, in_avals);
             b.push_slot_always(14, avals);
         } else {
             b.push_slot_always(42, avals);
-            b.push_slot_always(48, idxs);
+            b.push_slot_always(48, in_idxs);
             b.push_slot_always(50, idxs);
         }
         b.push_slot_always(22, platforms);
@@ -240,11 +258,12 @@ impl Fake {
             b.push_slot_always(44, m);
             b.push_slot_always(46, s);
         }
-        b.push_slot_always(52, sharding_idxs);
+        b.push_slot_always(52, in_sharding_idxs);
         b.push_slot_always(54, sharding_idxs);
-        let root = b.end_table(t);
-        b.finish_minimal(root);
-        b.finished_data().to_vec()
+        if let Some(vjp) = vjp {
+            b.push_slot_always(38, vjp);
+        }
+        b.end_table(t)
     }
 
     fn read(self) -> Result<Artifact> {
@@ -316,5 +335,60 @@ fn artifact_dtype_table_matches_dlpack() {
             assert!(crate::dtype::to_pjrt(*d).is_some(), "{name}");
         }
         assert_eq!(DTYPES.iter().filter(|(c, _, _)| c == code).count(), 1);
+    }
+}
+
+/// A VJP of the default fake (f32[4] -> f32[4]) as JAX writes it: the primal input and
+/// the output's cotangent in, the input's cotangent out.
+fn fake_vjp() -> Fake {
+    Fake { inputs: 2, kept: vec![0, 1], ..Fake::default() }
+}
+
+#[test]
+fn artifact_vjp_is_read_and_checked_against_the_convention() {
+    let a = Fake { vjp: Some(Box::new(fake_vjp())), ..Fake::default() }.read().unwrap();
+    assert!(a.has_vjp());
+    let v = a.vjp().unwrap();
+    assert_eq!(v.inputs(), [f32s(&[4]), f32s(&[4])]);
+    assert_eq!(v.outputs(), [f32s(&[4])]);
+    assert!(!v.has_vjp());
+    // The nested VJP's own refusals carry where they are.
+    let nested = Fake { vjp: Some(Box::new(Fake { inputs: 1, ..Fake::default() })), ..fake_vjp() };
+    let e = Fake { vjp: Some(Box::new(nested)), ..Fake::default() }.read().unwrap_err();
+    assert!(e.to_string().contains("vjp arity (in the VJP, Exported.vjp)"), "{e}");
+    // Not JAX's convention: refused as invalid, naming what differs.
+    for (vjp, field) in [
+        (Fake { inputs: 1, ..Fake::default() }, "vjp arity"),
+        (Fake { platforms: vec!["cuda"], ..fake_vjp() }, "vjp platforms"),
+        (Fake { dims: vec!["5"], ..fake_vjp() }, "vjp input 0"),
+        (Fake { kept: vec![3], ..fake_vjp() }, "module_kept_var_idx (in the VJP, Exported.vjp)"),
+    ] {
+        let e = Fake { vjp: Some(Box::new(vjp)), ..Fake::default() }.read().unwrap_err();
+        assert!(
+            matches!(&e, XlaError::Invalid { field: f, .. } if f == &format!("jax.export artifact: {field}")),
+            "{field}: {e:?}"
+        );
+    }
+}
+
+#[test]
+fn artifact_vjp_refused_or_absent_says_why() {
+    // A VJP using what handoff does not support: the primal loads, `vjp()` says why not.
+    let a = Fake { vjp: Some(Box::new(Fake { dims: vec!["b"], ..fake_vjp() })), ..Fake::default() }
+        .read()
+        .unwrap();
+    assert!(a.has_vjp());
+    let e = a.vjp().unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(&e, XlaError::NoVjp { program, .. } if program == "fake"), "{e:?}");
+    assert!(
+        msg.starts_with("fake has no VJP: its VJP is refused: ") && msg.contains("shape polymorphism"),
+        "{msg}"
+    );
+    // None: serialized with vjp_order=0.
+    let e = Fake::default().read().unwrap().vjp().unwrap_err();
+    assert!(e.to_string().contains("vjp_order=1"), "{e}");
+    for real in [LN_GELU_CPU, LN_GELU_CPU_CUDA, RESIDUAL, UNUSED_ARG] {
+        assert!(!Artifact::from_bytes(real).unwrap().has_vjp());
     }
 }
