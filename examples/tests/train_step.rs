@@ -74,3 +74,65 @@ fn sgd_step_through_the_kernel_matches_autograd_cpu() {
     let last = train::sgd_step(&kernel, &x, &w, &target, 0.5).unwrap().loss;
     assert!(last < 0.9 * first, "loss {first} -> {last}");
 }
+
+// ----------------------------------------------------------------- GPU
+
+/// The CUDA client, or `None` after printing why not (failing when
+/// `HANDOFF_REQUIRE_GPU=1`, as the GPU bundle sets).
+fn gpu_client() -> Option<handoff_xla::Client> {
+    use handoff_examples::model;
+    let why = model::cuda_unavailable()
+        .or_else(|| model::plugin(model::Backend::Cuda).err().map(|e| e.to_string()));
+    if let Some(why) = why {
+        assert!(
+            std::env::var_os("HANDOFF_REQUIRE_GPU").is_none_or(|v| v != "1"),
+            "a GPU is required (HANDOFF_REQUIRE_GPU=1) but: {why}"
+        );
+        println!("SKIPPED: {why}");
+        return None;
+    }
+    let plugin = model::plugin(model::Backend::Cuda).unwrap();
+    let options = handoff_xla::ClientOptions::default().preallocate(false);
+    Some(handoff_xla::Client::new(plugin, &options).unwrap())
+}
+
+/// The `("cpu", "cuda")` VJP artifact on PyTorch CUDA tensors: platform index 1, JAX's
+/// (CPU) values within 1e-4, autograd's too, and no host sync in the forward and
+/// backward calls.
+#[test]
+fn vjp_on_tch_cuda_tensors_gpu() {
+    handoff_torch::init();
+    let Some(client) = gpu_client() else { return };
+    let kernel = train::block_kernel(&client).unwrap();
+    let vjp = kernel.vjp().unwrap();
+    let cuda = |t: Tensor| t.to_device(Device::Cuda(0));
+    let (x, w) = (cuda(tensor(&jax::BLOCK_X, X_SHAPE)), cuda(tensor(&jax::BLOCK_W, W_SHAPE)));
+    let ct = cuda(tensor(&jax::BLOCK_CT, X_SHAPE));
+    tch::Cuda::synchronize(0);
+    let (out, d) = stats::measure(|| -> handoff_xla::Result<_> {
+        let [y]: [Tensor; 1] = kernel.call([&x, &w])?;
+        let [dx, dw]: [Tensor; 2] = vjp.call([&x, &w, &ct])?;
+        Ok((y, dx, dw))
+    });
+    let (y, dx, dw) = out.unwrap();
+    assert_eq!((d.host_syncs, d.copies), (0, 0), "forward and backward enqueued, nothing copied");
+    let tol = 1e-4;
+    for (got, want, shape, what) in [
+        (&y, &jax::BLOCK_Y[..], X_SHAPE, "y"),
+        (&dx, &jax::BLOCK_DX[..], X_SHAPE, "dx"),
+        (&dw, &jax::BLOCK_DW[..], W_SHAPE, "dw"),
+    ] {
+        assert_eq!(got.device(), Device::Cuda(0));
+        let e = train::max_rel_diff(&got.to_device(Device::Cpu), &tensor(want, shape)).unwrap();
+        println!("CUDA {what} against jax.vjp (CPU): {e:.1e}");
+        assert!(e <= tol, "{what}: {e}");
+    }
+    tch::manual_seed(3);
+    let target = Tensor::randn(X_SHAPE, (Kind::Float, Device::Cuda(0)));
+    let step = train::sgd_step(&kernel, &x, &w, &target, 0.5).unwrap();
+    let (_, rdx, rdw) = train::reference(&x, &w, &target).unwrap();
+    let (ex, ew) =
+        (train::max_rel_diff(&step.dx, &rdx).unwrap(), train::max_rel_diff(&step.dw, &rdw).unwrap());
+    println!("CUDA against autograd (f64): dx {ex:.1e}, dw {ew:.1e}");
+    assert!(ex <= AUTOGRAD_TOL && ew <= AUTOGRAD_TOL, "dx {ex}, dw {ew}");
+}

@@ -83,6 +83,8 @@ pub const PACKAGES: &[Package] = &[
         name: "handoff-examples",
         kinds: &[
             Kind::Test("kernel_call"),
+            // A jax.export kernel's VJP on PyTorch CUDA tensors (the ("cpu", "cuda") artifact).
+            Kind::Test("train_step"),
             Kind::Bench("pipeline_gpu"),
             // The demo as a user runs it on the GPU: its defaults (4096² bf16, one
             // stream), two streams, and the host-bound 256².
