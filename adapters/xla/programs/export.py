@@ -150,6 +150,12 @@ def int_scale(x, n):
     return jnp.sin(x) * n.astype(jnp.float32), n + 1
 
 
+def linear(x, w):
+    # Linear: its VJP reads only the cotangent (module_kept_var_idx (2,)); the primals are
+    # checked but not passed.
+    return x * 3.0 + jnp.sum(w)
+
+
 def hashed(n, seed, scale=1.0):
     # The inputs of the Rust tests' `input(n, seed)`: values in [-2, 2) from a multiplicative hash.
     i = np.arange(n, dtype=np.uint64)
@@ -182,6 +188,7 @@ def main_gradients():
     for platforms, tag in [(("cpu",), "cpu"), (("cpu", "cuda"), "cpu_cuda")]:
         write_vjp(f"block_f32_8x16_{tag}_vjp", block, platforms, spec((8, 16)), spec((16, 16)))
     write_vjp("int_scale_cpu_vjp", int_scale, ("cpu",), spec((4,)), spec((4,), jnp.int32))
+    write_vjp("linear_f32_cpu_vjp", linear, ("cpu",), spec((4,)), spec((2,)))
 
     # JAX's own values, for the Rust tests: jax.vjp of the same functions on fixed inputs,
     # checked here against the exported VJP called through JAX.

@@ -2,8 +2,8 @@
 //! `Exported.serialize(vjp_order=1)`, read by `Artifact::vjp` and called through
 //! `Kernel::vjp`, against JAX's own values (`jax.vjp`, written by
 //! `programs/export.py` to `programs/vjp_reference.rs`); integer inputs and outputs
-//! (JAX's `float0` cotangents); the refusal of kernels without a VJP; the VJP's inputs
-//! checked like any call.
+//! (JAX's `float0` cotangents); a VJP whose module reads only the cotangent; the
+//! refusal of kernels without a VJP; the VJP's inputs checked like any call.
 
 mod common;
 
@@ -23,6 +23,7 @@ const TOL: f32 = 1e-5;
 const BLOCK_CPU: &str = "block_f32_8x16_cpu_vjp.jaxexport";
 const BLOCK_CPU_CUDA: &str = "block_f32_8x16_cpu_cuda_vjp.jaxexport";
 const INT_SCALE: &str = "int_scale_cpu_vjp.jaxexport";
+const LINEAR: &str = "linear_f32_cpu_vjp.jaxexport";
 
 fn programs() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("programs")
@@ -220,4 +221,25 @@ fn vjp_compiles_for_the_kernel_device() {
     let ct = c.buffer_from_host(&d, &jax::BLOCK_CT, &[8, 16]).unwrap();
     let [dx, _dw]: [Buffer; 2] = vjp.call([&x, &w, &ct]).unwrap();
     close(&dx.to_vec::<f32>().unwrap(), &jax::BLOCK_DX, TOL);
+}
+
+#[test]
+fn vjp_that_reads_only_the_cotangent() {
+    // `x * 3 + sum(w)`: JAX's VJP module keeps only the cotangent (module_kept_var_idx).
+    assert_eq!(artifact(LINEAR).vjp().unwrap().kept_inputs(), [2]);
+    let Some(c) = client() else { return };
+    let d = c.device(0).unwrap();
+    let vjp = load(&c, LINEAR);
+    let vjp = vjp.vjp().unwrap();
+    // The caller still passes the primals, which are checked but not passed.
+    assert_eq!(vjp.parameters().unwrap().len(), 3);
+    let x = c.buffer_from_host(&d, &[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    let w = c.buffer_from_host(&d, &[5.0f32, 6.0], &[2]).unwrap();
+    let ct = c.buffer_from_host(&d, &[0.5f32, -1.0, 2.0, 0.25], &[4]).unwrap();
+    let (dx, dw): (Buffer, Buffer) = vjp.call([&x, &w, &ct]).unwrap();
+    assert_eq!(dx.to_vec::<f32>().unwrap(), [1.5, -3.0, 6.0, 0.75]);
+    assert_eq!(dw.to_vec::<f32>().unwrap(), [1.75, 1.75]);
+    let short = c.buffer_from_host(&d, &[1.0f32; 3], &[3]).unwrap();
+    let e = vjp.call::<_, _, [Buffer; 2], _>([&short, &w, &ct]).unwrap_err();
+    assert!(matches!(e, XlaError::InputMismatch { index: 0, what: "shape", .. }), "{e}");
 }
