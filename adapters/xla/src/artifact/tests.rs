@@ -392,3 +392,14 @@ fn artifact_vjp_refused_or_absent_says_why() {
         assert!(!Artifact::from_bytes(real).unwrap().has_vjp());
     }
 }
+
+#[test]
+fn artifact_deeply_nested_vjps_are_refused_by_the_verifier() {
+    // Each VJP is a nested table: the verifier's depth limit bounds the recursion.
+    let mut fake = Fake::default();
+    for _ in 0..70 {
+        fake = Fake { vjp: Some(Box::new(fake)), ..Fake::default() };
+    }
+    let e = fake.read().unwrap_err();
+    assert!(matches!(e, XlaError::Invalid { .. }) && e.to_string().contains("depth"), "{e}");
+}
