@@ -134,14 +134,16 @@ pub fn read(obj: &Bound<'_, PyAny>) -> PyResult<Interface> {
 pub fn parse_typestr(typestr: &str) -> PyResult<DataType> {
     let bad = |why: &str| PyBufferError::new_err(format!("typestr {typestr:?}: {why}"));
     let b = typestr.as_bytes();
-    if b.len() < 3 {
+    // ASCII only: the size is sliced off by bytes below.
+    if b.len() < 3 || !typestr.is_ascii() {
         return Err(bad("expected <byte order><kind><size>, such as \"<f4\""));
     }
     let size: u8 = typestr[2..].parse().map_err(|_| bad("the size is not a number"))?;
     match b[0] {
         b'<' | b'|' | b'=' => {}
         b'>' if size == 1 => {}
-        _ => return Err(bad("big-endian data is not exchanged")),
+        b'>' => return Err(bad("big-endian data is not exchanged")),
+        _ => return Err(bad("the byte order is not one of <, >, | or =")),
     }
     let code = match b[1] {
         b'f' => DataTypeCode::FLOAT,

@@ -286,7 +286,8 @@ fn release(handoff: Handoff) {
         // later releases are left to the reaper's leak rule instead of waiting again.
         static STUCK: AtomicBool = AtomicBool::new(false);
         drop(handoff);
-        if !STUCK.load(Ordering::Relaxed) && !reaper::drain(reaper::EXIT_DRAIN_TIMEOUT).is_complete() {
+        let drain = || main_thread::deferring(|| reaper::drain(reaper::EXIT_DRAIN_TIMEOUT));
+        if !STUCK.load(Ordering::Relaxed) && !drain().is_complete() {
             STUCK.store(true, Ordering::Relaxed);
         }
         // The producers' deleters the drain made due wait in the main-thread queue,

@@ -31,7 +31,7 @@ pub fn shutting_down() -> bool {
 pub fn shutdown(py: Python<'_>) {
     SHUTTING_DOWN.store(true, Ordering::Release);
     main_thread::close();
-    py.detach(|| reaper::drain(reaper::EXIT_DRAIN_TIMEOUT));
+    py.detach(|| main_thread::deferring(|| reaper::drain(reaper::EXIT_DRAIN_TIMEOUT)));
     main_thread::run_queued(py);
 }
 

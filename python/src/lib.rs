@@ -72,7 +72,7 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// released while it waits.
 #[pyfunction]
 fn flush(py: Python<'_>) {
-    py.detach(reaper::flush);
+    py.detach(|| main_thread::deferring(reaper::flush));
     main_thread::run_queued(py);
 }
 

@@ -20,6 +20,7 @@
 
 use pyo3::ffi;
 use pyo3::prelude::*;
+use std::cell::Cell;
 use std::ffi::{c_int, c_ulong, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
@@ -38,6 +39,26 @@ static SCHEDULED: AtomicBool = AtomicBool::new(false);
 /// would never run); whoever drains runs the queue.
 static CLOSED: AtomicBool = AtomicBool::new(false);
 
+thread_local! {
+    /// Set while this thread runs a flush or drain of the reaper (see [`deferring`]).
+    static DEFERRING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` (a reaper flush or drain) with the deleters that become due on this
+/// thread queued instead of run; the caller runs them with [`run_queued`] afterwards.
+/// A deleter run inside the flush that calls `handoff.flush()` would wait for the very
+/// releases being done, forever.
+pub fn deferring<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DEFERRING.set(self.0);
+        }
+    }
+    let _restore = Restore(DEFERRING.replace(true));
+    f()
+}
+
 /// Records which thread is the main one (`threading.main_thread()`, whichever thread
 /// imports the module).
 pub fn init(py: Python<'_>) -> PyResult<()> {
@@ -52,12 +73,17 @@ fn on_main_thread() -> bool {
     me as u64 == MAIN.load(Ordering::Relaxed)
 }
 
-/// Runs `job` with the GIL on the main thread: now when called there, else at the
-/// main thread's next bytecode boundary (or the next [`run_queued`]). Any thread, with
+/// Runs `job` with the GIL on the main thread: now when called there (inside
+/// [`deferring`]: at its caller's [`run_queued`]), else at the main thread's next
+/// bytecode boundary (or the next [`run_queued`]). Any thread, with
 /// or without the GIL; it never waits for the GIL while it holds the queue's lock.
 pub fn run_on_main(job: Job) {
     if on_main_thread() {
-        run_attached(job);
+        if DEFERRING.get() {
+            QUEUE.lock().unwrap_or_else(|e| e.into_inner()).push(job); // run_queued soon, here
+        } else {
+            run_attached(job);
+        }
         return;
     }
     QUEUE.lock().unwrap_or_else(|e| e.into_inner()).push(job);

@@ -11,6 +11,7 @@ use handoff_runtime::{Access, Device, Handoff};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyTuple};
 use std::sync::OnceLock;
 
@@ -62,17 +63,27 @@ impl Ordered {
             return Ordered::new(inner.get().obj.bind(py), writable, mock);
         }
         let access = if writable { Access::Write } else { Access::Read };
-        let source = if obj.hasattr(intern!(py, "__dlpack__"))? {
-            let device_obj = obj.call_method0(intern!(py, "__dlpack_device__"))?;
+        let source = if let Some(dlpack) = obj.getattr_opt(intern!(py, "__dlpack__"))? {
+            let device_fn = obj.getattr(intern!(py, "__dlpack_device__"))?;
+            for (name, f) in [("__dlpack__", &dlpack), ("__dlpack_device__", &device_fn)] {
+                if !f.is_callable() {
+                    return Err(PyTypeError::new_err(format!(
+                        "{name} of a {} is not callable: it is a {}",
+                        type_name(obj),
+                        type_name(f)
+                    )));
+                }
+            }
+            let device_obj = device_fn.call0()?;
             let device = streams::parse_device(&device_obj, "__dlpack_device__()")?;
             Source::Dlpack { device, device_obj: device_obj.unbind() }
         } else if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
             Source::Cai { ordinal: OnceLock::new() }
         } else {
-            let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
             return Err(PyTypeError::new_err(format!(
                 "handoff.ordered takes an object with __dlpack__ and __dlpack_device__ (or \
-                 __cuda_array_interface__); a {ty} has neither"
+                 __cuda_array_interface__); a {} has neither",
+                type_name(obj)
             )));
         };
         Ok(Ordered { obj: obj.clone().unbind(), source, access, mock })
@@ -157,6 +168,12 @@ impl Ordered {
         };
         let handoff = result.map_err(errors::to_py)?;
         check_device(&handoff, target)?;
+        if handoff.is_copied() && copy.is_some_and(|c| c.extract::<bool>().is_ok_and(|c| !c)) {
+            return Err(PyBufferError::new_err(
+                "copy=False, but the producer's tensor is a copy (its flags have IS_COPIED): \
+                 the producer did not honor copy=False",
+            ));
+        }
         if let Some(m) = &self.mock {
             m.consumer_work();
         }
@@ -164,19 +181,25 @@ impl Ordered {
     }
 }
 
-/// The producer's tensor must be on the device the stream was resolved for.
+/// The producer's tensor must be on the device the stream was resolved for (a device
+/// handoff does not exchange cannot be: the tensor passed validation).
 fn check_device(handoff: &Handoff, target: DLDevice) -> PyResult<()> {
-    match Device::from_dlpack(target) {
-        Ok(expected) if expected != handoff.device() => {
-            let got = handoff.device();
-            // Dropped: released on the stream resolved for `expected`, with no consumer work queued.
-            Err(PyBufferError::new_err(format!(
-                "the producer's tensor is on {got}, but it said {expected} (__dlpack_device__ or dl_device): \
-                 the stream cannot be resolved for the right device"
-            )))
-        }
-        _ => Ok(()),
-    }
+    let got = handoff.device();
+    let expected = match Device::from_dlpack(target) {
+        Ok(expected) if expected == got => return Ok(()),
+        Ok(expected) => expected.to_string(),
+        Err(_) => format!("({}, {})", target.device_type.0, target.device_id),
+    };
+    // Dropped: released on the stream resolved for `target`, with no consumer work queued.
+    Err(PyBufferError::new_err(format!(
+        "the producer's tensor is on {got}, but it said {expected} (__dlpack_device__ or dl_device): \
+         the stream cannot be resolved for the right device"
+    )))
+}
+
+/// The name of `obj`'s type, for messages.
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
 
 /// Whether the consumer's `max_version` asks for versioned (DLPack >= 1.0) capsules.
@@ -195,6 +218,16 @@ fn given<'a, 'py>(arg: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, P
 
 #[pymethods]
 impl Ordered {
+    /// The garbage collector sees the wrapped object (and its device answer), so a
+    /// producer that keeps its own wrapper is collected.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.obj)?;
+        if let Source::Dlpack { device_obj, .. } = &self.source {
+            visit.call(device_obj)?;
+        }
+        Ok(())
+    }
+
     /// The producer's DLPack device, `(device_type, device_id)`.
     fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         match &self.source {
@@ -213,7 +246,9 @@ impl Ordered {
     /// `stream`: `None` or `1` the legacy default stream, `2` the per-thread default
     /// stream, `-1` no synchronization, else a `CUstream` handle; `0` and other
     /// negative values raise `ValueError`. A versioned capsule when `max_version` is
-    /// `(1, x)` or more and the producer gave one, a legacy capsule otherwise.
+    /// `(1, x)` or more and the producer gave one, a legacy capsule otherwise. A
+    /// producer's tensor on another device than it (or `dl_device`) said, or copied
+    /// (`IS_COPIED`) where `copy=False` was asked, is a `BufferError` (deleted once).
     #[pyo3(signature = (stream=None, *, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,

@@ -27,6 +27,8 @@ pub const PINS: &[&str] = &[
     "ml_dtypes==0.7.0",
     "opt_einsum==3.4.0",
     "scipy==1.17.1",
+    "hypothesis==6.155.2",
+    "sortedcontainers==2.4.0",
 ];
 
 const VENV: &str = ".deps/py-venv";
