@@ -22,6 +22,7 @@
 //! cargo xtask demo -- --device cuda             # 4096x4096 bf16 by default, one stream
 //! cargo xtask demo -- --device cuda --streams two   # PyTorch on its own stream
 //! cargo xtask demo -- --device mock             # the protocol on the simulated device
+//! cargo xtask demo -- --device cuda --size 256 --iters 2000 --streams two --seconds 300   # a soak
 //! ```
 
 use handoff::mock::{Kernel, Mock, MockTensor};
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
 usage: pipeline [--device cpu|cuda|mock] [--dtype f32|bf16] [--size N] [--iters N] [--seed N]
-                [--streams one|two]
+                [--streams one|two] [--seconds S]
 
   --device   cpu (CPU libtorch, the PJRT plugin in HANDOFF_PJRT_PLUGIN), cuda (device 0,
              JAX's CUDA plugin), or mock (the protocol on handoff's simulated device).
@@ -43,7 +44,12 @@ usage: pipeline [--device cpu|cuda|mock] [--dtype f32|bf16] [--size N] [--iters 
   --seed     default 0
   --streams  cuda only: one (default) runs PyTorch on the XLA kernel's ready stream, so
              the torch -> XLA hand-off needs no wait; two keeps PyTorch on its own
-             current stream and orders the two with an event wait each way";
+             current stream and orders the two with an event wait each way
+  --seconds  a soak: repeat rounds of --iters steps (each from the same x) until S seconds
+             have passed, checking each round's last step against PyTorch and printing
+             its hand-off stats and the process's resident memory; at the end every
+             release must have happened (none pending, none leaked), with no host sync
+             and no copy on CUDA";
 
 #[derive(Debug)]
 struct Args {
@@ -53,6 +59,8 @@ struct Args {
     iters: usize,
     seed: i64,
     streams: Streams,
+    /// A soak of this many seconds instead of one run (`--seconds`).
+    seconds: Option<f64>,
 }
 
 /// Whether PyTorch and XLA share one stream on CUDA.
@@ -65,7 +73,15 @@ enum Streams {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { device: None, dtype: None, size: None, iters: 100, seed: 0, streams: Streams::One };
+    let mut args = Args {
+        device: None,
+        dtype: None,
+        size: None,
+        iters: 100,
+        seed: 0,
+        streams: Streams::One,
+        seconds: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} takes a value"));
@@ -84,6 +100,13 @@ fn parse_args() -> Result<Args, String> {
                     "two" => Streams::Two,
                     v => return Err(format!("--streams: {v:?} is not one or two")),
                 }
+            }
+            "--seconds" => {
+                let v: f64 = value("--seconds")?.parse().map_err(|e| format!("--seconds: {e}"))?;
+                if !(v > 0.0 && v.is_finite()) {
+                    return Err(format!("--seconds: {v} is not a positive number of seconds"));
+                }
+                args.seconds = Some(v);
             }
             "-h" | "--help" => return Err(String::new()),
             // `cargo xtask demo -- <args>` passes the `--` on.
@@ -126,7 +149,11 @@ fn main() -> ExitCode {
             }
         },
     };
-    match run(backend, &args) {
+    let outcome = match args.seconds {
+        Some(seconds) => soak(backend, &args, seconds),
+        None => run(backend, &args),
+    };
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -150,14 +177,7 @@ fn us(d: Duration) -> f64 {
 
 /// Runs the pipeline; `Ok(false)` when a check failed.
 fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
-    let dtype = args.dtype.unwrap_or(match backend {
-        Backend::Cpu => Dtype::F32,
-        Backend::Cuda => Dtype::Bf16,
-    });
-    let n = args.size.unwrap_or(match backend {
-        Backend::Cpu => 256,
-        Backend::Cuda => 4096,
-    });
+    let (dtype, n) = dtype_and_size(backend, args);
     let iters = args.iters;
     let t_setup = Instant::now();
     let p = Pipeline::new(backend, dtype, n, args.seed)?;
@@ -310,6 +330,99 @@ fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
 /// The protocol on the mock device: a "model" stream produces activations, a "kernel"
 /// stream consumes them through a hand-off, the result comes back, N times; then it
 /// checks the values, reports hazards (none expected) and prints the hand-off stats.
+/// The dtype and size asked for, else the backend's defaults.
+fn dtype_and_size(backend: Backend, args: &Args) -> (Dtype, i64) {
+    let dtype = args.dtype.unwrap_or(match backend {
+        Backend::Cpu => Dtype::F32,
+        Backend::Cuda => Dtype::Bf16,
+    });
+    let n = args.size.unwrap_or(match backend {
+        Backend::Cpu => 256,
+        Backend::Cuda => 4096,
+    });
+    (dtype, n)
+}
+
+/// The soak (`--seconds`): rounds of `--iters` steps, each from the same `x0` (so the
+/// values stay bounded however long it runs), until `seconds` have passed. A round's
+/// steps are enqueued with nothing waited for, so its releases are deferred behind the
+/// consumer's queued work; its last step is then checked against PyTorch (a host sync
+/// of the checker, not of a hand-off). A line every 10 s: that round's hand-off stats,
+/// the releases still pending and the resident memory, for a long run's log to show
+/// that nothing accumulates. `Ok(false)` when a check failed.
+fn soak(backend: Backend, args: &Args, seconds: f64) -> Result<bool, PipelineError> {
+    let (dtype, n) = dtype_and_size(backend, args);
+    let p = Pipeline::new(backend, dtype, n, args.seed)?;
+    let x0 = p.initial_x(args.seed + 1)?;
+    let _one_stream = match (backend, args.streams) {
+        (Backend::Cuda, Streams::One) => p.share_stream()?,
+        _ => None,
+    };
+    let (rtol, atol) = dtype.step_tolerance();
+    println!(
+        "soak: {n}x{n} {}, rounds of {} steps on {} for {seconds} s",
+        dtype.name(),
+        args.iters,
+        backend.name()
+    );
+    let start = stats::stats();
+    let t0 = Instant::now();
+    let (mut round, mut ok, mut printed) = (0u64, true, None::<Instant>);
+    while t0.elapsed().as_secs_f64() < seconds {
+        round += 1;
+        let before = stats::stats();
+        let (mut x, mut last_input) = (x0.shallow_clone(), x0.shallow_clone());
+        for i in 0..args.iters {
+            if i + 1 == args.iters {
+                last_input = x.shallow_clone();
+            }
+            x = p.step(&x, None)?;
+        }
+        let during = stats::stats().since(&before);
+        let pending = reaper::pending();
+        let step_ok = model::allclose(&x, &p.torch_step(&last_input)?, rtol, atol)?;
+        let round_ok = step_ok && during.copies == 0 && (backend == Backend::Cpu || during.host_syncs == 0);
+        ok &= round_ok;
+        // A line every 10 s (and for any round that failed), so an hour's log stays short.
+        if !round_ok || printed.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            printed = Some(Instant::now());
+            println!(
+                "soak: round {round:>5} at {:>6.1} s: last step {}, host syncs {}, copies {}, releases deferred {}, \
+             immediate {}, leaked {}, pending after the round {pending}, rss {:.1} MiB",
+                t0.elapsed().as_secs_f64(),
+                if step_ok { "ok" } else { "WRONG" },
+                during.host_syncs,
+                during.copies,
+                during.releases_deferred,
+                during.releases_immediate,
+                during.releases_leaked,
+                resident_mib().unwrap_or(f64::NAN),
+            );
+        }
+    }
+    p.synchronize();
+    reaper::flush();
+    let total = stats::stats().since(&start);
+    let (pending, leaked) = (reaper::pending(), total.releases_leaked);
+    println!("soak: {round} rounds in {:.1} s; hand-off stats: {total}", t0.elapsed().as_secs_f64());
+    println!("soak: after the flush: {pending} releases pending, {leaked} leaked (0 and 0 expected)");
+    ok &= pending == 0 && leaked == 0 && total.copies == 0;
+    if backend == Backend::Cuda && total.host_syncs != 0 {
+        println!("FAILED: {} host syncs on the CUDA hand-off path", total.host_syncs);
+        ok = false;
+    }
+    println!("result: {}", if ok { "correct" } else { "WRONG" });
+    Ok(ok)
+}
+
+/// This process's resident memory (`/proc/self/statm`), in MiB; `None` where there is
+/// no procfs.
+fn resident_mib() -> Option<f64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: f64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096.0 / (1024.0 * 1024.0))
+}
+
 fn mock_demo(iters: usize) -> ExitCode {
     let mock = Mock::new();
     let model = mock.stream(0, "model");
