@@ -62,6 +62,28 @@ pub enum XlaError {
         message: String,
     },
 
+    /// A C++ exception escaped a PJRT call (a plugin bug, often reached through input
+    /// the plugin does not expect, such as a malformed StableHLO module given to
+    /// `PJRT_Client_Compile`). handoff's guard around every PJRT call caught it, so the
+    /// process goes on; without the guard it would have aborted ("Rust cannot catch
+    /// foreign exceptions").
+    ///
+    /// The plugin's state after an exception escaped it is the plugin's problem: PJRT
+    /// functions are not meant to throw, so nothing says what the call left half done
+    /// (memory it leaked, a lock it held). handoff destroys nothing the call did not
+    /// return. The client may be unusable afterwards; to be safe, drop it and make a
+    /// new one (or restart the process), and report the input to the plugin's authors.
+    #[error(
+        "{call} threw a C++ exception, caught at the FFI boundary: {exception}; \
+         the plugin's state after this is unknown (a plugin bug: its client may be unusable)"
+    )]
+    PluginException {
+        /// The PJRT function that threw.
+        call: &'static str,
+        /// What was thrown: `std::exception: <what()>`, or the type of anything else.
+        exception: String,
+    },
+
     /// `HANDOFF_PJRT_PLUGIN` is not set.
     #[error(
         "HANDOFF_PJRT_PLUGIN is not set: point it at a PJRT plugin (.so), e.g. \
@@ -229,6 +251,11 @@ impl From<XlaError> for handoff_runtime::Error {
                 backend: "pjrt",
                 call,
                 message: format!("{code}: {message}"),
+            },
+            XlaError::PluginException { call, exception } => handoff_runtime::Error::Backend {
+                backend: "pjrt",
+                call,
+                message: format!("threw a C++ exception: {exception}"),
             },
             XlaError::Runtime(e) => *e,
             other => handoff_runtime::Error::Adapter { adapter: "xla", message: other.to_string() },

@@ -3,6 +3,10 @@
 //! struct's slot names and turns a `PJRT_Error` into [`XlaError::Pjrt`] with its message
 //! and code, destroying the error exactly once.
 //!
+//! Every call goes through the C++ guard (`guard`, `csrc/guard.cpp`): a C++ exception
+//! escaping the plugin becomes [`XlaError::PluginException`] instead of unwinding into
+//! Rust frames, which would abort the process.
+//!
 //! One module per section of `pjrt_c_api.h`: the wrapper of `PJRT_Buffer_ReadyEvent`
 //! is `result::buffer::ready_event`, and so on. Here: [`Api`] (a plugin's table) and
 //! the call itself.
@@ -46,6 +50,7 @@ pub(crate) mod client;
 pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod executable;
+mod guard;
 pub(crate) mod plugin;
 pub(crate) mod stream;
 
@@ -115,7 +120,7 @@ impl Api {
         let f = self.function::<A>()?;
         // SAFETY: the slot's function with its own argument struct; the rest is
         // forwarded from the caller.
-        let err = unsafe { f(args) };
+        let err = unsafe { guard::call(A::NAME, f, args)? };
         // SAFETY: `err` was returned by this plugin and is owned by us.
         unsafe { self.check(A::NAME, err) }
     }
@@ -131,7 +136,7 @@ impl Api {
             .ok_or(XlaError::MissingExtension { extension: A::FIELD, needed_for: A::NAME })?;
         // SAFETY: the extension's function with its own argument struct; the rest is
         // forwarded from the caller.
-        let err = unsafe { f(args) };
+        let err = unsafe { guard::call(A::NAME, f, args)? };
         // SAFETY: `err` was returned by this plugin and is owned by us.
         unsafe { self.check(A::NAME, err) }
     }
@@ -147,20 +152,24 @@ impl Api {
         let mut m = args!(PJRT_Error_Message_Args { error: err });
         let message = match self.raw.error_message {
             // SAFETY: `err` is a live error; the message lives as long as it.
-            Some(f) => unsafe {
-                f(&mut m);
-                string(m.message, m.message_size)
+            Some(f) => match unsafe { guard::call_void("PJRT_Error_Message", f, &mut m) } {
+                // SAFETY: the plugin returned the pointer and length together.
+                Ok(()) => unsafe { string(m.message, m.message_size) },
+                Err(e) => format!("(PJRT_Error_Message failed: {e})"),
             },
             None => "(the plugin has no PJRT_Error_Message)".into(),
         };
         let mut c = args!(PJRT_Error_GetCode_Args { error: err });
         let code = match self.function::<sys::PJRT_Error_GetCode_Args>() {
-            // SAFETY: the GetCode slot with its argument struct; a failure to read the
-            // code returns another error, which is destroyed below too.
-            Ok(f) => unsafe {
-                let e2 = f(&mut c);
-                self.destroy_error(e2);
-                if e2.is_null() { c.code } else { 2 }
+            // SAFETY: the GetCode slot with its argument struct and a live error.
+            Ok(f) => match unsafe { guard::call(sys::PJRT_Error_GetCode_Args::NAME, f, &mut c) } {
+                Ok(e2) => {
+                    // SAFETY: a failure to read the code returns another error, ours
+                    // to destroy (null is none).
+                    unsafe { self.destroy_error(e2) };
+                    if e2.is_null() { c.code } else { 2 }
+                }
+                Err(_) => 2,
             },
             Err(_) => 2,
         };
@@ -179,8 +188,11 @@ impl Api {
         }
         if let Some(f) = self.raw.error_destroy {
             let mut a = args!(PJRT_Error_Destroy_Args { error: err });
-            // SAFETY: forwarded from the caller.
-            unsafe { f(&mut a) };
+            // SAFETY: forwarded from the caller. An exception there leaks the error
+            // (nothing else can be done with it); it is reported on stderr.
+            if let Err(e) = unsafe { guard::call_void("PJRT_Error_Destroy", f, &mut a) } {
+                eprintln!("handoff-xla: {e}");
+            }
         }
     }
 }
