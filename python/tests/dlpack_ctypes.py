@@ -92,6 +92,11 @@ def _destroy(capsule: int) -> None:
 
 
 _DESTROY_PTR = C.cast(_destroy, C.c_void_p).value
+# Never freed: a capsule that outlives this module at interpreter exit (a Producer's
+# ``capsule``) calls its destructor after the module's globals are cleared, and a
+# freed ctypes callback crashes the process (seen: SIGSEGV in the exit collection).
+_api.Py_IncRef.argtypes = [C.py_object]
+_api.Py_IncRef(_destroy)
 
 
 def capsule_name(capsule: Any) -> str:

@@ -12,7 +12,9 @@ enough for CI on two cores. Malformed DLPack structs come from ``dlpack_ctypes``
 from __future__ import annotations
 
 import ctypes as C
+import functools
 import gc
+import importlib
 import operator
 import subprocess
 import sys
@@ -748,6 +750,7 @@ REENTRY_SCRIPT = textwrap.dedent(
                 o._mock_advance(1000)
             handoff.flush()
             assert p.deleted == 1, (action, path, p.deleted)
+            del p, o
             print(action, path, "ok", flush=True)
     assert handoff.stats()["pending"] == 0
     print("no deadlock")
@@ -804,12 +807,20 @@ def test_a_cycle_through_the_wrapper_is_collected(through):
 # Through the framework helpers.
 
 
-def _helper(framework):
-    """``handoff.to_jax`` / ``handoff.to_torch``, skipped where the framework is missing."""
-    import importlib.util
+@functools.lru_cache(maxsize=None)
+def _import_error(framework):
+    try:
+        importlib.import_module(framework)
+    except Exception as e:  # noqa: BLE001 - torch without its CUDA libraries raises ValueError
+        return f"{type(e).__name__}: {e}"[:200]
+    return None
 
-    if importlib.util.find_spec(framework) is None:
-        pytest.skip(f"{framework} is not installed")
+
+def _helper(framework):
+    """``handoff.to_jax`` / ``handoff.to_torch``, skipped where the framework does not import."""
+    why = _import_error(framework)
+    if why is not None:
+        pytest.skip(f"import {framework} fails: {why}")
     return handoff.to_jax if framework == "jax" else handoff.to_torch
 
 
