@@ -3,7 +3,7 @@
 
 mod common;
 
-use handoff_xla::{CompileOptions, Kernel, Source, XlaError};
+use handoff_xla::{Artifact, CompileOptions, Kernel, Source, XlaError};
 use std::path::PathBuf;
 
 fn programs() -> PathBuf {
@@ -37,6 +37,111 @@ fn a_cpp_exception_in_compile_is_a_typed_error_and_the_client_still_works() {
     let k = Kernel::load(&c, programs().join("ln_gelu_f32_8x16_cpu_cuda.jaxexport")).unwrap();
     let x = c.buffer_from_host(&c.device(0).unwrap(), &[0.5f32; 128], &[8, 16]).unwrap();
     let _: handoff_xla::Buffer = k.call1(&x).unwrap();
+}
+
+fn artifact(name: &str) -> Vec<u8> {
+    std::fs::read(programs().join(name)).unwrap()
+}
+
+/// The field and value of an `Invalid` error.
+fn invalid(e: XlaError) -> (String, String, String) {
+    match e {
+        XlaError::Invalid { field, value, reason } => (field, value, reason),
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+}
+
+#[test]
+fn truncated_artifacts_load_identically_or_are_refused_by_field() {
+    let (mut loaded_cut, mut padding_total) = (0, 0);
+    for name in [
+        "ln_gelu_f32_8x16_cpu.jaxexport",
+        "ln_gelu_f32_8x16_cpu_cuda.jaxexport",
+        "residual_f32_8x16_cpu_cuda.jaxexport",
+        "unused_arg_f32_cpu.jaxexport",
+        "block_f32_8x16_cpu_cuda_vjp.jaxexport",
+    ] {
+        let bytes = artifact(name);
+        let whole = Artifact::from_bytes(&bytes).unwrap();
+        // The string JAX writes first ends the buffer: its NUL, then padding.
+        let mut with_nul = whole.function_name().as_bytes().to_vec();
+        with_nul.push(0);
+        let at = bytes.windows(with_nul.len()).rposition(|w| w == with_nul).unwrap();
+        let padding_bytes = bytes.len() - at - with_nul.len();
+        assert!(bytes[at + with_nul.len()..].iter().all(|&b| b == 0), "{name}");
+        padding_total += padding_bytes;
+        for cut in 1..=64 {
+            match Artifact::from_bytes(&bytes[..bytes.len() - cut]) {
+                Ok(a) => {
+                    assert!(
+                        cut <= padding_bytes,
+                        "{name} cut by {cut} loads, but only {padding_bytes} are padding"
+                    );
+                    assert_eq!(a, whole, "{name} cut by {cut} loads as another artifact");
+                    loaded_cut += 1;
+                }
+                Err(e) => {
+                    assert!(
+                        cut > padding_bytes,
+                        "{name} cut by {cut} (padding {padding_bytes}) refused: {e}"
+                    );
+                    let text = e.to_string();
+                    let (field, value, _) = invalid(e);
+                    assert!(
+                        field.starts_with("jax.export artifact: Exported."),
+                        "{name} cut by {cut}: {text}"
+                    );
+                    assert!(value.starts_with("byte"), "{name} cut by {cut}: {text}");
+                    if cut == padding_bytes + 1 {
+                        assert_eq!(field, "jax.export artifact: Exported.function_name", "{text}");
+                        assert!(text.contains("NUL terminator"), "{text}");
+                    }
+                }
+            }
+        }
+    }
+    // Every cut of padding loads, no other: `residual` has 3 padding bytes,
+    // `block` 2, `unused_arg` 1, `ln_gelu` none (its NUL is the last byte).
+    assert_eq!((loaded_cut, padding_total), (6, 6));
+}
+
+#[test]
+fn a_malformed_artifact_is_refused_naming_the_field_and_the_offset() {
+    let bytes = artifact("residual_f32_8x16_cpu_cuda.jaxexport");
+    let n = bytes.len();
+
+    // The length of `function_name` (the last string: length, "residual", NUL, padding)
+    // made to run past the end.
+    let mut long_name = bytes.clone();
+    let at = n - 4 - 8 - 4;
+    assert_eq!(&long_name[at..at + 4], &8u32.to_le_bytes());
+    long_name[at..at + 4].copy_from_slice(&4000u32.to_le_bytes());
+    let e = Artifact::from_bytes(&long_name).unwrap_err();
+    let text = e.to_string();
+    let (field, value, reason) = invalid(e);
+    assert_eq!(field, "jax.export artifact: Exported.function_name", "{text}");
+    assert_eq!(value, format!("bytes {}..{}", at + 4, at + 4 + 4000), "{text}");
+    assert!(reason.contains("past the artifact's end"), "{text}");
+
+    // A platform name that is not UTF-8: the field, its element and the bytes.
+    let mut bad_utf8 = bytes.clone();
+    let cuda = bad_utf8.windows(4).position(|w| w == b"cuda").unwrap();
+    bad_utf8[cuda] = 0xff;
+    let e = Artifact::from_bytes(&bad_utf8).unwrap_err();
+    let text = e.to_string();
+    let (field, value, _) = invalid(e);
+    assert_eq!(field, "jax.export artifact: Exported.platforms[1]", "{text}");
+    assert_eq!(value, format!("bytes {cuda}..{}", cuda + 4), "{text}");
+
+    // The root offset pointing past the end.
+    let mut bad_root = bytes.clone();
+    bad_root[..4].copy_from_slice(&(n as u32 + 64).to_le_bytes());
+    let text = Artifact::from_bytes(&bad_root).unwrap_err().to_string();
+    assert!(text.contains("jax.export artifact") && text.contains("byte"), "{text}");
+
+    // Nothing at all.
+    let text = Artifact::from_bytes(&[]).unwrap_err().to_string();
+    assert!(text.contains("bytes 0..4") || text.contains("0 bytes"), "{text}");
 }
 
 /// A sweep of mutated artifacts (1-8 random bytes overwritten), for finding inputs

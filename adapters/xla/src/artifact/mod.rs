@@ -5,9 +5,11 @@
 //! The schema is transcribed by hand (module `fb`, in `fb.rs`) the way `flatc` writes Rust:
 //! each table is a [`flatbuffers::Table`] with accessors at its vtable slots and a
 //! [`Verifiable`](flatbuffers::Verifiable) impl, both generated from one field list so
-//! the accessors read exactly what the verifier checked. [`flatbuffers::root`] verifies
-//! the whole buffer before anything is read: malformed bytes are an
-//! [`XlaError::Invalid`], never a panic or an out-of-bounds read.
+//! the accessors read exactly what the verifier checked. [`flatbuffers::root_with_opts`]
+//! (module `verify`, with limits sized to the input) verifies the whole buffer before
+//! anything is read: malformed bytes are an [`XlaError::Invalid`] naming the field
+//! (`Exported.in_avals[1].shape`) and the byte offset, never a panic or an
+//! out-of-bounds read.
 
 use crate::error::{Result, XlaError};
 use crate::hlo::ArraySpec;
@@ -25,6 +27,7 @@ const CALLING_CONVENTIONS: std::ops::RangeInclusive<u16> = 9..=10;
 const MLIR_BYTECODE_MAGIC: &[u8] = b"ML\xefR";
 
 mod fb;
+mod verify;
 
 /// JAX's `DType` enum: its name in the schema and the DLPack dtype, where there is one.
 const DTYPES: &[(i8, &str, Option<DataType>)] = &[
@@ -138,17 +141,23 @@ impl std::fmt::Debug for Artifact {
 impl Artifact {
     /// Reads the bytes of `Exported.serialize()`.
     ///
-    /// Malformed bytes are [`XlaError::Invalid`]; an artifact using what handoff does
-    /// not support yet is [`XlaError::Unsupported`], naming the feature.
+    /// Malformed bytes are [`XlaError::Invalid`], naming the field and the byte offset
+    /// at fault; an artifact using what handoff does not support yet is
+    /// [`XlaError::Unsupported`], naming the feature.
+    ///
+    /// **Truncated bytes.** A flatbuffer records no total length, so an artifact with
+    /// bytes cut off its end is refused only when a cut byte is one that some field
+    /// uses. The builder writes from the end of its buffer backwards, and JAX's
+    /// serializer writes `function_name` first, so the artifact ends with that string,
+    /// its NUL terminator and 0 to 3 bytes of alignment padding (`residual`: 8
+    /// characters, a NUL, 3 padding bytes). Cutting padding loads, and safely: the
+    /// verifier checks that every byte each field refers to lies inside the slice
+    /// given, and nothing refers to the padding, so the artifact read is exactly the
+    /// uncut one (test `truncated_artifacts_load_identically_or_are_refused_by_field`).
+    /// Cutting the terminator or anything before it is refused, naming the field
+    /// (`Exported.function_name`) and the bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<Artifact> {
-        let exp = flatbuffers::root::<fb::Exported>(bytes).map_err(|e| {
-            XlaError::invalid(
-                "jax.export artifact",
-                format!("{} bytes", bytes.len()),
-                format!("not a jax.export flatbuffer (Exported.serialize()): {e}"),
-            )
-        })?;
-        read(exp)
+        read(verify::root(bytes)?)
     }
 
     /// The function name JAX recorded.
