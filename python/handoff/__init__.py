@@ -7,6 +7,7 @@ DLPack framework.
     y = torch.from_dlpack(handoff.ordered(jax_out))   # any consumer that speaks __dlpack__
     x = jax.dlpack.from_dlpack(handoff.ordered(t))
     handoff.stats()                                     # host syncs, waits, deferred releases
+    layer = handoff.torch_function(jax_fn)              # a JAX function PyTorch trains through
 
 ``handoff.ordered(obj)`` wraps anything with ``__dlpack__`` (or only
 ``__cuda_array_interface__``). A consumer's ``from_dlpack`` gets the producer's tensor
@@ -50,18 +51,21 @@ from ._handoff import (
     ordered,
     stats,
 )
+from ._torch_function import TorchFunction, torch_function
 
 __all__ = [
     "DLPACK_VERSION",
     "HandoffError",
     "InvalidTensorError",
     "Ordered",
+    "TorchFunction",
     "cuda_available",
     "flush",
     "ordered",
     "stats",
     "to_jax",
     "to_torch",
+    "torch_function",
 ]
 
 __version__ = "0.1.0"

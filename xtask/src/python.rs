@@ -6,9 +6,8 @@
 //! - The abi3 wheel, built with maturin into `python/target/wheels/` (one wheel for
 //!   Python >= 3.9), installed into that environment.
 //! - `cargo xtask test`: `cargo fmt --check` and clippy (`-D warnings`) of
-//!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy and JAX on the
-//!   CPU; the PyTorch tests skip where `import torch` fails, as it does with the
-//!   CPU-only set of CUDA libraries setup installs).
+//!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy, JAX and
+//!   PyTorch on the CPU; PyTorch from [`TORCH`]).
 //! - `cargo xtask gpu-bundle`: the wheel and `python/tests/gpu_h200.py` go into
 //!   `gpu-bundle/`, and `run.sh` installs the wheel into a temporary directory with the
 //!   GPU machine's own Python (torch and JAX there) and runs the script ([`RUN_STEP`]).
@@ -31,17 +30,49 @@ pub const PINS: &[&str] = &[
     "sortedcontainers==2.4.0",
 ];
 
+/// PyTorch for the Python tests (on the CPU), installed with `--no-deps`: PyPI's
+/// `torch==2.11.0` is the CUDA 13 build, and its own requirements would add triton, the
+/// CUDA toolkit's other wheels and cuda-bindings, which the CPU does not need. What
+/// `import torch` needs: its pure-Python dependencies, and the CUDA libraries that
+/// `libtorch_cuda.so` links against (it loads with `torch._C` even on a CPU; about
+/// 2.2 GB of wheels with torch, once).
+pub const TORCH: &[&str] = &[
+    "torch==2.11.0",
+    "filelock==4.3.2",
+    "fsspec==2026.9.0",
+    "jinja2==3.1.6",
+    "markupsafe==3.0.4",
+    "mpmath==1.3.0",
+    "networkx==3.6.1",
+    "sympy==1.14.0",
+    "typing_extensions==4.16.0",
+    "nvidia-cuda-runtime==13.0.96",
+    "nvidia-cuda-cupti==13.0.85",
+    "nvidia-cuda-crt==13.0.88",
+    "nvidia-cublas==13.1.0.3",
+    "nvidia-cufft==12.0.0.61",
+    "nvidia-cufile==1.15.1.6",
+    "nvidia-curand==10.4.0.35",
+    "nvidia-cusparse==12.6.3.3",
+    "nvidia-nvjitlink==13.0.88",
+    "nvidia-cudnn-cu13==9.19.0.56",
+    "nvidia-cusparselt-cu13==0.8.0",
+    "nvidia-nccl-cu13==2.28.9",
+    "nvidia-nvshmem-cu13==3.4.5",
+];
+
 const VENV: &str = ".deps/py-venv";
 const MANIFEST: &str = "python/Cargo.toml";
 const WHEELS: &str = "python/target/wheels";
 const GPU_SCRIPT: &str = "python/tests/gpu_h200.py";
 
-/// The virtual environment's Python, made (or brought to [`PINS`]) if needed.
+/// The virtual environment's Python, made (or brought to [`PINS`] and [`TORCH`]) if
+/// needed.
 pub fn venv(root: &Path) -> Result<PathBuf, String> {
     let dir = root.join(VENV);
     let python = dir.join("bin/python");
     let marker = dir.join("handoff-pins.txt");
-    let want = PINS.join("\n");
+    let want = [PINS, TORCH].concat().join("\n");
     if python.exists() && std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
         return Ok(python);
     }
@@ -53,6 +84,12 @@ pub fn venv(root: &Path) -> Result<PathBuf, String> {
     run(Command::new(&python)
         .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
         .args(PINS))?;
+    println!("xtask: installing PyTorch 2.11.0 for the CPU into {} (about 2.2 GB, once)", dir.display());
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"])
+        .args(TORCH))?;
+    run(Command::new(&python).args(["-c", "import torch; torch.ones(1).add_(1)"]))
+        .map_err(|e| format!("PyTorch does not import in {}: {e}", dir.display()))?;
     std::fs::write(&marker, want).map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
     Ok(python)
 }

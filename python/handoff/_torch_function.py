@@ -1,0 +1,410 @@
+"""``handoff.torch_function``: a JAX function PyTorch can train through.
+
+The forward runs ``jax.jit`` of the function on the PyTorch tensors (handed to JAX with
+``handoff.ordered``: no copy, ready on JAX's stream through a GPU wait, given back in
+stream order), and returns PyTorch tensors viewing JAX's outputs (handed back the same
+way). When gradients are needed it runs a jitted ``jax.vjp`` instead, whose residuals
+stay JAX arrays on the autograd graph; the backward runs the jitted VJP on the
+cotangents. Both are compiled once per input signature.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union, overload
+
+from ._handoff import ordered
+
+__all__ = ["TorchFunction", "torch_function"]
+
+
+@overload
+def torch_function(
+    f: Callable[..., Any], *, static_argnums: Union[int, Iterable[int]] = ()
+) -> "TorchFunction": ...
+
+
+@overload
+def torch_function(
+    f: None = None, *, static_argnums: Union[int, Iterable[int]] = ()
+) -> Callable[[Callable[..., Any]], "TorchFunction"]: ...
+
+
+def torch_function(
+    f: Optional[Callable[..., Any]] = None,
+    *,
+    static_argnums: Union[int, Iterable[int]] = (),
+) -> Any:
+    """Turns the JAX function ``f`` into a function of PyTorch tensors that autograd
+    differentiates (a ``torch.autograd.Function`` underneath), to call like a module's
+    forward::
+
+        import functools, handoff, jax, jax.numpy as jnp, torch
+
+        def ln_gelu_matmul(h, gamma, w):            # JAX
+            mu = h.mean(-1, keepdims=True)
+            var = ((h - mu) ** 2).mean(-1, keepdims=True)
+            return jax.nn.gelu((h - mu) * jax.lax.rsqrt(var + 1e-5) * gamma) @ w
+
+        layer = handoff.torch_function(ln_gelu_matmul)
+        y = layer(h, gamma, w)                      # torch tensors in, torch tensor out
+        y.square().mean().backward()                # gamma.grad, w.grad (and h's)
+
+    Also a decorator (``@handoff.torch_function``, or
+    ``@functools.partial(handoff.torch_function, static_argnums=(1,))``).
+
+    **Arguments.** Every positional argument not in ``static_argnums`` is a
+    ``torch.Tensor`` or a pytree of them (tuples, lists, dicts: JAX's
+    ``jax.tree_util``), all on one device. ``f`` receives JAX arrays in the same
+    structure, on the matching JAX device: CPU tensors give JAX CPU arrays, ``cuda:N``
+    tensors JAX GPU arrays of device N, and ``f`` runs there. Arguments in
+    ``static_argnums`` and every keyword argument are static: passed to ``f`` as they
+    are (hashable: Python numbers, strings, tuples, ``None``), part of the compilation
+    key; ``functools.partial`` binds constants too. Complex tensors are refused
+    (``TypeError``: PyTorch and JAX differ in complex gradient conventions), as are
+    non-tensor leaves of dynamic arguments (``TypeError`` naming the argument).
+    ``float64`` tensors need JAX's x64 mode (``jax.config.update("jax_enable_x64",
+    True)`` or ``with jax.enable_x64(True):``), else ``TypeError``: JAX would silently
+    compute in float32. Without x64 mode JAX reads ``int64`` tensors as ``int32`` (a
+    copy), as it does any 64-bit integer input.
+
+    **Gradients.** Floating-point inputs that require grad get gradients from
+    ``jax.vjp``; the VJP is taken with respect to those inputs only, so nothing is
+    computed for the others. Inputs that do not require grad get ``None``, and so do
+    integer and bool inputs (indices, masks): they are non-differentiable, as in
+    PyTorch, where they cannot require grad. Integer and bool outputs are marked
+    non-differentiable. Any pytree of arrays may be returned; the result has the same
+    structure, with PyTorch tensors for leaves. Double backward is not supported (a
+    backward with ``create_graph=True`` through it raises ``RuntimeError``). An input
+    modified in place between forward and backward raises PyTorch's usual error, as
+    for its own saved tensors.
+
+    **Compilation.** The signature is the structure, shapes, dtypes and device of the
+    tensors, which of them need a gradient, and the static arguments. ``f`` is traced
+    once per new signature (twice if it is called both with and without gradients:
+    the forward alone keeps no residuals), and the backward once more; the object's
+    ``traces`` counts the traces of ``f``. Under ``torch.no_grad()``, or when no input
+    requires grad, only the plain ``jax.jit(f)`` runs.
+
+    **Memory and streams.** Every hand-off, both ways and both passes, goes through
+    ``handoff.ordered``: tensors are made ready on the consumer's stream by a GPU wait
+    (no host sync), and memory read by queued kernels is given back only after they
+    ran. The VJP residuals are JAX arrays owned by the autograd graph: dropped with it,
+    they go back to JAX's allocator, in JAX's stream order. Outputs are PyTorch tensors
+    viewing JAX's output buffers (no copy); an output that is one of the inputs (``f``
+    returning an argument unchanged) is cloned so that it does not alias the input.
+
+    Returns a :class:`TorchFunction`.
+    """
+    if f is None:
+        return lambda g: TorchFunction(g, static_argnums=static_argnums)
+    return TorchFunction(f, static_argnums=static_argnums)
+
+
+class TorchFunction:
+    """What :func:`torch_function` returns: call it with PyTorch tensors (see there).
+
+    ``traces``: how many times the wrapped function was traced (a new signature, or the
+    first call with or without gradients). ``signatures``: how many signatures are
+    compiled. ``fun``: the wrapped JAX function."""
+
+    def __init__(
+        self, f: Callable[..., Any], *, static_argnums: Union[int, Iterable[int]] = ()
+    ) -> None:
+        if not callable(f):
+            raise TypeError(
+                f"handoff.torch_function: f must be callable, got {type(f).__name__} {f!r}"
+            )
+        nums = tuple(static_argnums) if not isinstance(static_argnums, int) else (static_argnums,)
+        for n in nums:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ValueError(
+                    f"handoff.torch_function: static_argnums must hold non-negative ints, got {n!r}"
+                )
+        self.fun = f
+        self.static_argnums = frozenset(nums)
+        self.traces = 0
+        self._cache: Dict[Any, _Entry] = {}
+        self._lock = threading.Lock()
+        self.__name__ = getattr(f, "__name__", type(self).__name__)
+        self.__doc__ = getattr(f, "__doc__", None)
+        self.__wrapped__ = f
+
+    @property
+    def signatures(self) -> int:
+        return len(self._cache)
+
+    def __repr__(self) -> str:
+        return f"handoff.torch_function({self.fun!r})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        torch, jax = _frameworks()
+        tree = jax.tree_util
+        static: List[Tuple[int, Any]] = []
+        dynamic: List[Any] = []
+        positions: List[int] = []
+        for i, a in enumerate(args):
+            if i in self.static_argnums:
+                static.append((i, a))
+            else:
+                dynamic.append(a)
+                positions.append(i)
+        for n in self.static_argnums:
+            if n >= len(args):
+                raise TypeError(
+                    f"handoff.torch_function({self.__name__}): static_argnums has {n}, but "
+                    f"only {len(args)} positional arguments were given"
+                )
+        leaves, treedef = tree.tree_flatten(dynamic)
+        if not leaves:
+            raise TypeError(
+                f"handoff.torch_function({self.__name__}): no tensor argument (every argument "
+                "is static): at least one torch.Tensor must be passed to choose the device"
+            )
+        grad_on = torch.is_grad_enabled()
+        device = None
+        sig = []
+        diff = []
+        name = f"handoff.torch_function({self.__name__})"
+
+        def arg(k: int) -> str:
+            return _where(dynamic, positions, k, tree)
+
+        for k, t in enumerate(leaves):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(
+                    f"{name}: {arg(k)} is a {type(t).__name__} ({t!r:.60}), not a "
+                    "torch.Tensor: pass tensors, or make the argument static "
+                    "(static_argnums, a keyword argument, or functools.partial)"
+                )
+            if device is None:
+                device = t.device
+                if device.type not in ("cpu", "cuda"):
+                    raise ValueError(
+                        f"{name}: {arg(k)} is on {device}; only CPU and CUDA tensors can be "
+                        "handed to JAX"
+                    )
+            elif t.device != device:
+                raise ValueError(
+                    f"{name}: {arg(k)} is on {t.device} but {arg(0)} is on {device}: all "
+                    "tensor arguments must be on one device"
+                )
+            if t.is_complex():
+                raise TypeError(
+                    f"{name}: {arg(k)} is {t.dtype}: complex tensors are not supported "
+                    "(PyTorch and JAX use different conventions for complex gradients)"
+                )
+            if t.dtype == torch.float64 and not _x64(jax):
+                raise TypeError(
+                    f"{name}: {arg(k)} is torch.float64 but JAX's x64 mode is off (JAX would "
+                    "compute in float32): jax.config.update('jax_enable_x64', True), or "
+                    "call inside `with jax.enable_x64(True):`"
+                )
+            d = grad_on and t.requires_grad and t.is_floating_point()
+            diff.append(d)
+            sig.append((tuple(t.shape), t.dtype, d))
+        try:
+            key = (treedef, tuple(sig), device, tuple(static), tuple(sorted(kwargs.items())))
+            hash(key)
+        except TypeError as e:
+            raise TypeError(
+                f"handoff.torch_function({self.__name__}): static arguments must be hashable "
+                f"(static positions {sorted(self.static_argnums)} and keyword arguments): {e}"
+            ) from None
+        entry = self._cache.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._cache.get(key)
+                if entry is None:
+                    entry = _Entry(self, treedef, len(args), static, kwargs, diff)
+                    self._cache[key] = entry
+        if any(diff):
+            outs = _function_class()(entry, *leaves)
+        else:
+            outs = entry.forward(leaves)
+        return tree.tree_unflatten(entry.out_treedef, outs)
+
+
+class _Entry:
+    """The compiled functions of one signature."""
+
+    def __init__(self, owner, treedef, nargs, static, kwargs, diff) -> None:
+        torch, jax = _frameworks()
+        self.owner = owner
+        self.diff = tuple(diff)
+        self.diff_idx = tuple(i for i, d in enumerate(diff) if d)
+        self.nondiff_idx = tuple(i for i, d in enumerate(diff) if not d)
+        self.out_treedef = None
+        self.out_float: Tuple[bool, ...] = ()
+        self.out_meta: Tuple[Tuple[Tuple[int, ...], Any], ...] = ()
+        self._bwd = None
+        f = owner.fun
+        tree = jax.tree_util
+        static = dict(static)
+        kwargs = dict(kwargs)
+
+        def call(leaves):
+            owner.traces += 1
+            dyn = iter(tree.tree_unflatten(treedef, list(leaves)))
+            args = [static[i] if i in static else next(dyn) for i in range(nargs)]
+            return f(*args, **kwargs)
+
+        def fwd_plain(*leaves):
+            return call(leaves)
+
+        diff_idx, nondiff_idx = self.diff_idx, self.nondiff_idx
+        n = len(diff)
+
+        def fwd_vjp(diff_leaves, nondiff_leaves):
+            def g(*d):
+                leaves = [None] * n
+                for i, x in zip(diff_idx, d):
+                    leaves[i] = x
+                for i, x in zip(nondiff_idx, nondiff_leaves):
+                    leaves[i] = x
+                return call(leaves)
+
+            return jax.vjp(g, *diff_leaves)
+
+        self._fwd_plain = jax.jit(fwd_plain)
+        self._fwd_vjp = jax.jit(fwd_vjp)
+
+    def _outputs(self, out, inputs):
+        """JAX outputs to PyTorch tensors; records the output structure once."""
+        torch, jax = _frameworks()
+        leaves, treedef = jax.tree_util.tree_flatten(out)
+        if self.out_treedef is None:
+            self.out_treedef = treedef
+            self.out_meta = tuple((tuple(y.shape), y.dtype) for y in leaves)
+            self.out_float = tuple(_is_float(jax, y.dtype) for y in leaves)
+        ptrs = {t.data_ptr() for t in inputs if t.numel()}
+        outs = []
+        for y in leaves:
+            t = _to_torch(torch, y)
+            if t.numel() and t.data_ptr() in ptrs:
+                t = t.clone()  # f returned an input: do not alias it
+            outs.append(t)
+        return tuple(outs)
+
+    def forward(self, tensors):
+        _, jax = _frameworks()
+        xs = [_to_jax(jax, t) for t in tensors]
+        return self._outputs(self._fwd_plain(*xs), tensors)
+
+    def forward_vjp(self, tensors):
+        _, jax = _frameworks()
+        xs = [_to_jax(jax, t) for t in tensors]
+        out, vjp = self._fwd_vjp(
+            [xs[i] for i in self.diff_idx], [xs[i] for i in self.nondiff_idx]
+        )
+        return self._outputs(out, tensors), vjp
+
+    def backward(self, vjp, cts):
+        """The gradients of the differentiable inputs, as JAX arrays."""
+        torch, jax = _frameworks()
+        if self._bwd is None:
+            import numpy as np
+
+            treedef, meta, is_float = self.out_treedef, self.out_meta, self.out_float
+            float0 = jax.dtypes.float0
+
+            def bwd(vjp, float_cts):
+                it = iter(float_cts)
+                full = [
+                    next(it) if fl else np.zeros(shape, float0)
+                    for (shape, _), fl in zip(meta, is_float)
+                ]
+                return vjp(jax.tree_util.tree_unflatten(treedef, full))
+
+            self._bwd = jax.jit(bwd)
+        float_cts = []
+        for (shape, dtype), fl, ct in zip(self.out_meta, self.out_float, cts):
+            if not fl:
+                continue
+            float_cts.append(_to_jax(jax, ct))  # PyTorch gives zeros for unused outputs
+        return self._bwd(vjp, float_cts)
+
+
+_FUNCTION = None
+
+
+def _function_class():
+    """The ``torch.autograd.Function`` (made on first use: torch is imported lazily)."""
+    global _FUNCTION
+    if _FUNCTION is not None:
+        return _FUNCTION.apply
+    torch, jax = _frameworks()
+    class JaxFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, entry, *tensors):
+            outs, vjp = entry.forward_vjp(tensors)
+            ctx.entry = entry
+            ctx.vjp = vjp  # the residuals: JAX arrays, freed with the graph
+            # Saved only to have PyTorch check that no input was modified in place
+            # before the backward (the residuals may view the inputs' memory).
+            ctx.save_for_backward(*tensors)
+            nondiff = [t for t, fl in zip(outs, entry.out_float) if not fl]
+            if nondiff:
+                ctx.mark_non_differentiable(*nondiff)
+            return outs
+
+        @staticmethod
+        def backward(ctx, *cts):
+            entry = ctx.entry
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    f"handoff.torch_function({entry.owner.__name__}): double backward "
+                    "(create_graph=True through a JAX function) is not supported"
+                )
+            ctx.saved_tensors  # raises if an input was modified in place since
+            grads = entry.backward(ctx.vjp, cts)
+            result: List[Any] = [None] * len(entry.diff)
+            for i, g in zip(entry.diff_idx, grads):
+                result[i] = _to_torch(torch, g)
+            return (None, *result)
+
+    JaxFunction.__name__ = JaxFunction.__qualname__ = "JaxFunction"
+    _FUNCTION = JaxFunction
+    return JaxFunction.apply
+
+
+def _to_jax(jax, t):
+    """A PyTorch tensor to a JAX array, through handoff.ordered (no copy when dense)."""
+    return jax.dlpack.from_dlpack(ordered(t.detach().contiguous()))
+
+
+def _to_torch(torch, y):
+    """A JAX array to a PyTorch tensor, through handoff.ordered (no copy)."""
+    return torch.from_dlpack(ordered(y))
+
+
+def _is_float(jax, dtype) -> bool:
+    return bool(jax.numpy.issubdtype(dtype, jax.numpy.inexact))
+
+
+def _x64(jax) -> bool:
+    import numpy as np
+
+    return jax.dtypes.canonicalize_dtype(np.float64) == np.float64
+
+
+def _where(dynamic: Sequence[Any], positions: Sequence[int], k: int, tree) -> str:
+    """Names the k-th tensor leaf: its positional argument and, in a pytree, its path."""
+    path, _ = tree.tree_flatten_with_path(list(dynamic))[0][k]
+    head, rest = path[0], path[1:]
+    pos = positions[getattr(head, "idx", 0)]
+    return f"argument {pos}" + "".join(str(p) for p in rest)
+
+
+_MODULES = None
+
+
+def _frameworks():
+    global _MODULES
+    if _MODULES is None:
+        import jax
+        import jax.dlpack
+        import torch
+
+        _MODULES = (torch, jax)
+    return _MODULES

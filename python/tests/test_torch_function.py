@@ -1,0 +1,293 @@
+"""handoff.torch_function on the CPU: PyTorch autograd through jitted JAX functions.
+
+Gradients are checked with torch.autograd.gradcheck in float64 (JAX's x64 mode on only
+inside each test, through ``jax.enable_x64``, so the other tests keep JAX's default)
+and against ``jax.grad`` of the same loss.
+"""
+
+import functools
+import importlib.util
+
+import numpy as np
+import pytest
+
+import handoff
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+
+def _torch():
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"torch does not import: {e}")
+    return torch
+
+
+torch = _torch()
+
+
+@pytest.fixture
+def x64():
+    """JAX's x64 mode for one test (thread-local; restored after)."""
+    with jax.enable_x64(True):
+        yield
+
+
+def ln_gelu_matmul(h, gamma, beta, w):
+    mu = h.mean(-1, keepdims=True)
+    var = ((h - mu) ** 2).mean(-1, keepdims=True)
+    z = (h - mu) * jax.lax.rsqrt(var + 1e-5) * gamma + beta
+    return jax.nn.gelu(z, approximate=True) @ w
+
+
+def two_outputs(a, b):
+    """A tuple of two outputs of different shapes, both depending on both inputs."""
+    return jnp.tanh(a @ b), jnp.sin(a).sum(0) * b[:, 0].sum()
+
+
+def scaled_gather(x, scale, idx):
+    """scale: a float input that does not require grad; idx: an integer input."""
+    return jnp.exp(x[idx] * scale)
+
+
+def rand(*shape, grad=True, seed=0):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, dtype=torch.float64, generator=g).requires_grad_(grad)
+
+
+def test_gradcheck_layernorm_gelu_matmul(x64):
+    layer = handoff.torch_function(ln_gelu_matmul)
+    args = (rand(3, 5), rand(5, seed=1), rand(5, seed=2), rand(5, 4, seed=3))
+    assert torch.autograd.gradcheck(layer, args)
+    assert layer.signatures == 1
+
+
+def test_gradcheck_two_outputs(x64):
+    fn = handoff.torch_function(two_outputs)
+    a, b = rand(4, 3), rand(3, 2, seed=1)
+    ya, yb = fn(a, b)
+    assert ya.shape == (4, 2) and yb.shape == (3,)
+    assert torch.autograd.gradcheck(fn, (a, b))
+
+
+def test_gradcheck_with_non_grad_and_integer_inputs(x64):
+    fn = handoff.torch_function(scaled_gather)
+    x, scale = rand(6, 3), rand(3, grad=False, seed=1)
+    idx = torch.tensor([4, 0, 4, 2])
+    assert torch.autograd.gradcheck(lambda x: fn(x, scale, idx), (x,))
+    # Inputs that do not require grad get None; integer inputs are not differentiable.
+    y = fn(x, scale, idx)
+    y.sum().backward()
+    assert x.grad is not None and scale.grad is None and idx.grad is None
+    expected = torch.zeros(6, 3, dtype=torch.float64)
+    expected.index_add_(0, idx, scale * torch.exp(x.detach()[idx] * scale))
+    torch.testing.assert_close(x.grad, expected)
+
+
+def test_gradients_match_jax_grad():
+    """float32, JAX's defaults: the PyTorch gradients of loss(layer(...)) equal
+    jax.grad of the same loss."""
+    layer = handoff.torch_function(ln_gelu_matmul)
+    rng = np.random.default_rng(0)
+    arrays = [
+        rng.standard_normal(s).astype(np.float32) for s in [(8, 16), (16,), (16,), (16, 4)]
+    ]
+    target = rng.standard_normal((8, 4)).astype(np.float32)
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    loss = ((layer(*ts) - torch.tensor(target)) ** 2).mean()
+    loss.backward()
+
+    def jloss(*xs):
+        return ((ln_gelu_matmul(*xs) - target) ** 2).mean()
+
+    jl, jgrads = jax.value_and_grad(jloss, argnums=(0, 1, 2, 3))(*map(jnp.asarray, arrays))
+    assert loss.item() == pytest.approx(float(jl), rel=1e-6)
+    for t, g in zip(ts, jgrads):
+        np.testing.assert_allclose(t.grad.numpy(), np.asarray(g), rtol=1e-5, atol=1e-6)
+
+
+def test_traces_once_per_signature():
+    calls = []
+
+    def f(x, w):
+        calls.append(x.shape)
+        return jnp.tanh(x @ w)
+
+    fn = handoff.torch_function(f)
+    x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, 2, requires_grad=True)
+    for _ in range(5):
+        fn(x, w).sum().backward()
+    assert fn.traces == 1 and len(calls) == 1 and fn.signatures == 1
+    fn(torch.randn(4, 3, requires_grad=True), torch.randn(3, 2)).sum().backward()
+    assert fn.traces == 2, "another set of inputs needing grad is another signature"
+    fn(torch.randn(7, 3, requires_grad=True), w).sum().backward()
+    assert fn.traces == 3, "a new shape retraces"
+    xb, wb = (t.detach().bfloat16().requires_grad_() for t in (x, w))
+    fn(xb, wb).sum().backward()
+    assert fn.traces == 4, "a new dtype retraces"
+    with torch.no_grad():
+        for _ in range(3):
+            y = fn(x, w)
+    assert not y.requires_grad
+    assert fn.traces == 5, "the forward alone (no residuals) is traced once"
+    for _ in range(3):
+        fn(torch.randn(7, 3, requires_grad=True), w).sum().backward()
+    assert fn.traces == 5 and fn.signatures == 5
+    assert len(calls) == fn.traces
+
+
+def test_static_arguments():
+    calls = []
+
+    def f(x, power, *, shift):
+        calls.append((power, shift))
+        return x**power + shift
+
+    fn = handoff.torch_function(f, static_argnums=(1,))
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = fn(x, 2, shift=1.0)
+    y.sum().backward()
+    assert y.tolist() == [2.0, 5.0, 10.0] and x.grad.tolist() == [2.0, 4.0, 6.0]
+    fn(x, 2, shift=1.0)
+    assert fn.traces == 1
+    x.grad = None
+    fn(x, 3, shift=1.0).sum().backward()
+    assert x.grad.tolist() == [3.0, 12.0, 27.0] and fn.traces == 2
+    fn(x, 3, shift=0.5)
+    assert calls == [(2, 1.0), (3, 1.0), (3, 0.5)]
+    with pytest.raises(TypeError, match="hashable"):
+        fn(x, [2], shift=1.0)
+    # functools.partial and the decorator forms.
+    part = handoff.torch_function(functools.partial(f, power=2, shift=0.0))
+    assert part(x).tolist() == [1.0, 4.0, 9.0]
+    dec = handoff.torch_function(static_argnums=1)(f)
+    assert dec(x, 1, shift=0.0).tolist() == [1.0, 2.0, 3.0]
+
+
+def test_pytree_inputs_and_outputs():
+    @handoff.torch_function
+    def mlp(params, x):
+        h = jnp.tanh(x @ params["w1"])
+        return {"out": h @ params["w2"], "aux": (h.mean(), jnp.argmax(h, axis=-1))}
+
+    params = {
+        "w1": torch.randn(3, 5, requires_grad=True),
+        "w2": torch.randn(5, 2, requires_grad=True),
+    }
+    x = torch.randn(4, 3)
+    res = mlp(params, x)
+    assert set(res) == {"out", "aux"} and isinstance(res["aux"], tuple)
+    out, (mean, arg) = res["out"], res["aux"]
+    assert out.shape == (4, 2) and mean.shape == () and arg.shape == (4,)
+    assert not arg.is_floating_point() and not arg.requires_grad, "integer outputs: no grad"
+    (out.sum() + mean).backward()
+    p = {k: jnp.asarray(v.detach().numpy()) for k, v in params.items()}
+
+    def jloss(p):
+        r = mlp.fun(p, jnp.asarray(x.numpy()))
+        return r["out"].sum() + r["aux"][0]
+
+    g = jax.grad(jloss)(p)
+    for k in params:
+        np.testing.assert_allclose(params[k].grad.numpy(), np.asarray(g[k]), rtol=1e-5, atol=1e-6)
+    assert x.grad is None
+
+
+def test_refusals_name_the_argument_and_value():
+    fn = handoff.torch_function(lambda x, y: x * y)
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(TypeError, match=r"argument 1 is a float \(2.0\), not a torch.Tensor"):
+        fn(x, 2.0)
+    with pytest.raises(TypeError, match=r"argument 1 is torch.complex64: complex tensors are not"):
+        fn(x, torch.ones(3, dtype=torch.complex64))
+    with pytest.raises(TypeError, match=r"argument 0 is torch.float64 but JAX's x64 mode is off"):
+        fn(x.double(), x.double())
+    with pytest.raises(ValueError, match=r"argument 1 is on meta"):
+        fn(x, torch.ones(3, device="meta"))
+    with pytest.raises(TypeError, match=r"argument 0\['b'\] is a str"):
+        handoff.torch_function(lambda d: d["a"])({"a": x, "b": "text"})
+    with pytest.raises(TypeError, match="no tensor argument"):
+        handoff.torch_function(lambda n: jnp.ones(n), static_argnums=(0,))(3)
+    with pytest.raises(TypeError, match="static_argnums has 2"):
+        handoff.torch_function(lambda x, *a: x, static_argnums=(2,))(x)
+    with pytest.raises(ValueError, match="static_argnums must hold non-negative ints, got -1"):
+        handoff.torch_function(lambda x: x, static_argnums=(-1,))
+    with pytest.raises(TypeError, match="f must be callable, got int 3"):
+        handoff.torch_function(3)
+
+
+def test_integer_inputs_are_not_differentiable():
+    """The choice made: integer and bool tensors are accepted as non-differentiable
+    inputs (None gradient); PyTorch itself refuses requires_grad on them."""
+    fn = handoff.torch_function(lambda x, mask, n: jnp.where(mask, x * n, 0.0))
+    x = torch.arange(4.0, requires_grad=True)
+    mask = torch.tensor([True, False, True, False])
+    n = torch.tensor(3, dtype=torch.int32)
+    y = fn(x, mask, n)
+    y.sum().backward()
+    assert y.tolist() == [0.0, 0.0, 6.0, 0.0]
+    assert x.grad.tolist() == [3.0, 0.0, 3.0, 0.0]
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.tensor([1, 2]).requires_grad_()
+
+
+def test_backward_refuses_inputs_modified_in_place():
+    fn = handoff.torch_function(lambda x, w: jnp.sin(x) * w)
+    x, w = torch.randn(5, requires_grad=True), torch.randn(5)
+    y = fn(x, w)
+    w.add_(1.0)  # a residual of the VJP views w's memory
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_double_backward_is_refused():
+    fn = handoff.torch_function(lambda x: jnp.sin(x))
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"double backward \(create_graph=True"):
+        torch.autograd.grad(fn(x).sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(fn(x).sum(), x)  # the plain backward still works
+    torch.testing.assert_close(g, torch.cos(x.detach()))
+
+
+def test_output_that_is_an_input_is_not_aliased():
+    fn = handoff.torch_function(lambda x, y: (x, x + y))
+    x, y = torch.ones(3, requires_grad=True), torch.ones(3)
+    a, b = fn(x, y)
+    assert a.data_ptr() != x.data_ptr()
+    a.sum().backward()
+    assert x.grad.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_unused_outputs_and_retain_graph():
+    fn = handoff.torch_function(two_outputs)
+    a, b = torch.randn(4, 3, requires_grad=True), torch.randn(3, 2, requires_grad=True)
+    ya, yb = fn(a, b)
+    ya.sum().backward(retain_graph=True)  # yb unused: PyTorch passes zeros for it
+    first = a.grad.clone()
+    ya.sum().backward()  # the residuals are still there
+    torch.testing.assert_close(a.grad, 2 * first)
+
+
+def test_every_exchange_goes_through_handoff_and_is_released():
+    fn = handoff.torch_function(ln_gelu_matmul)
+    h, w = torch.randn(4, 6, requires_grad=True), torch.randn(6, 2, requires_grad=True)
+    args = [h, torch.ones(6), torch.zeros(6), w]
+    fn(*args).sum().backward()  # compile outside the counted window
+    handoff.flush()
+    before = handoff.stats()
+    y = fn(*args)
+    mid = handoff.stats()
+    y.sum().backward()
+    del y
+    handoff.flush()
+    after = handoff.stats()
+    # Forward: 4 inputs to JAX + 1 output to PyTorch; backward: 1 cotangent to JAX +
+    # 2 gradients (only h and w require grad) to PyTorch.
+    assert mid["imports"] - before["imports"] == 5
+    assert after["imports"] - mid["imports"] == 3
+    assert after["host_syncs"] == before["host_syncs"]
+    assert after["pending"] == 0
