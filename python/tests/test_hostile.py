@@ -584,6 +584,7 @@ STRUCTS = st.fixed_dictionaries(
         "null_shape": st.booleans(),
         "data": st.sampled_from(["array", 0, 1, 16, 2**64 - 8, 2**63]),
         "byte_offset": st.one_of(st.sampled_from([0, 0, 1, 4, 2**64 - 4]), st.integers(0, 2**64 - 1)),
+        "null_deleter": st.sampled_from([False, False, False, True]),
     }
 )
 
@@ -598,12 +599,15 @@ def build(s: dict) -> Producer:
         ndim = 65
     elif s["ndim_delta"] == -1 and ndim > 0:
         ndim -= 1  # fewer dims than the arrays hold: reads stay in bounds
-    return Producer(
+    p = Producer(
         F32, versioned=s["versioned"], version=s["version"], flags=s["flags"], device=s["device"],
         dlpack_device=(1, 0), dtype=s["dtype"], shape=shape, strides=None if s["null_strides"] else strides,
         null_strides=s["null_strides"], null_shape=s["null_shape"], ndim=ndim,
         data=F32.ctypes.data if s["data"] == "array" else s["data"], byte_offset=s["byte_offset"],
     )
+    if s["null_deleter"]:  # DLPack allows a NULL deleter: nothing to call
+        p.managed.deleter = (dlpack_ctypes.VERSIONED_DELETER if s["versioned"] else dlpack_ctypes.LEGACY_DELETER)()
+    return p
 
 
 @settings(FAST, max_examples=200)
@@ -630,7 +634,8 @@ def test_any_struct_is_taken_and_deleted_exactly_once(s, max_version, writable, 
         assert (message.startswith("invalid DLPack tensor: ") or "but it said" in message
                 or "read-only" in message), err
     released(w, busy_us)
-    assert p.deleted == 1, "deleted exactly once"
+    assert p.deleted == (0 if s["null_deleter"] else 1), "deleted exactly once"
+    forget(p)
     settled(before)
 
 
