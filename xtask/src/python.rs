@@ -8,9 +8,10 @@
 //! - `cargo xtask test`: `cargo fmt --check` and clippy (`-D warnings`) of
 //!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy, JAX and
 //!   PyTorch on the CPU; PyTorch from [`TORCH`]).
-//! - `cargo xtask gpu-bundle`: the wheel and `python/tests/gpu_h200.py` go into
-//!   `gpu-bundle/`, and `run.sh` installs the wheel into a temporary directory with the
-//!   GPU machine's own Python (torch and JAX there) and runs the script ([`RUN_STEP`]).
+//! - `cargo xtask gpu-bundle`: the wheel, `python/tests/gpu_h200.py`,
+//!   `bench/train_three_way.py` and the jax2torch wheel it compares with go into
+//!   `gpu-bundle/`, and `run.sh` installs the wheels into a temporary directory with the
+//!   GPU machine's own Python (torch and JAX there) and runs the scripts ([`RUN_STEP`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -65,6 +66,12 @@ const VENV: &str = ".deps/py-venv";
 const MANIFEST: &str = "python/Cargo.toml";
 const WHEELS: &str = "python/target/wheels";
 const GPU_SCRIPT: &str = "python/tests/gpu_h200.py";
+/// The three-way training comparison (pure PyTorch, jax2torch, handoff.torch_function).
+const TRAIN_SCRIPT: &str = "bench/train_three_way.py";
+/// The published package that runs a JAX function in PyTorch's autograd, which
+/// [`TRAIN_SCRIPT`] compares with (its last release, 2021; pure Python).
+const JAX2TORCH: &str = "jax2torch==0.0.7";
+const JAX2TORCH_WHEEL_PREFIX: &str = "jax2torch-0.0.7-";
 
 /// The virtual environment's Python, made (or brought to [`PINS`] and [`TORCH`]) if
 /// needed.
@@ -153,15 +160,22 @@ pub fn test(root: &Path, lint: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds the wheel and copies it and the GPU script into the bundle directory `out`;
-/// returns the bytes added.
+/// Builds the wheel and copies it, the GPU script, the training comparison and the
+/// jax2torch wheel it compares with into the bundle directory `out`; returns the bytes
+/// added.
 pub fn bundle(root: &Path, out: &Path) -> Result<u64, String> {
     let python = venv(root)?;
     let wheel = build_wheel(root, &python)?;
+    let jax2torch = jax2torch_wheel(root, &python)?;
     let mut size = 0;
     for (src, name) in [
         (wheel.clone(), wheel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
         (root.join(GPU_SCRIPT), "python_gpu_h200.py".to_string()),
+        (root.join(TRAIN_SCRIPT), "train_three_way.py".to_string()),
+        (
+            jax2torch.clone(),
+            jax2torch.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        ),
     ] {
         let dst = out.join(&name);
         std::fs::copy(&src, &dst).map_err(|e| format!("cannot copy {}: {e}", src.display()))?;
@@ -172,9 +186,43 @@ pub fn bundle(root: &Path, out: &Path) -> Result<u64, String> {
     Ok(size)
 }
 
-/// The `run.sh` step: installs the bundled wheel into a temporary directory with the
+/// The wheel of [`JAX2TORCH`] in `.deps/wheels/`, downloaded once (pure Python, no
+/// dependencies installed: the GPU machine has torch and JAX, and no network).
+fn jax2torch_wheel(root: &Path, python: &Path) -> Result<PathBuf, String> {
+    let dir = root.join(".deps/wheels");
+    let find = || {
+        std::fs::read_dir(&dir).ok().and_then(|entries| {
+            entries.flatten().map(|e| e.path()).find(|p| {
+                p.file_name().is_some_and(|n| {
+                    let n = n.to_string_lossy();
+                    n.starts_with(JAX2TORCH_WHEEL_PREFIX) && n.ends_with(".whl")
+                })
+            })
+        })
+    };
+    if let Some(w) = find() {
+        return Ok(w);
+    }
+    run(Command::new(python)
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            JAX2TORCH,
+            "-d",
+        ])
+        .arg(&dir))?;
+    find().ok_or_else(|| format!("pip download {JAX2TORCH} left no wheel in {}", dir.display()))
+}
+
+/// The `run.sh` steps: installs the bundled wheel into a temporary directory with the
 /// GPU machine's Python (no network: `--no-index`, else unzipped), runs the GPU script
-/// with it on `PYTHONPATH` (at most 540 s), logs to `$LOGS/python_handoff.log`.
+/// with it on `PYTHONPATH` (at most 540 s), logs to `$LOGS/python_handoff.log`; then
+/// the same with the jax2torch wheel beside it for `train_three_way.py`, logs to
+/// `$LOGS/train_three_way.log`.
 pub const RUN_STEP: &str = r#"
 # handoff for Python: the bundled wheel, installed with the machine's own Python (its
 # torch and JAX), and python_gpu_h200.py (JSON lines; exit 1 on a failed check).
@@ -201,6 +249,40 @@ if [ -z "${ONLY:-}" ] || [[ "python_handoff" == *"$ONLY"* ]]; then
       echo "FAIL python_handoff exit=$rc" >> "$SUMMARY"
     else
       echo "ok   python_handoff" >> "$SUMMARY"
+    fi
+    rm -rf "$TMP_PY"
+  fi
+fi
+
+# Training through a JAX kernel, three ways (issue 32): pure PyTorch, jax2torch (the
+# bundled wheel) and handoff.torch_function; JSON lines, a markdown table, exit 1 on a
+# failed check (bench/train_three_way.py says which).
+if [ -z "${ONLY:-}" ] || [[ "train_three_way" == *"$ONLY"* ]]; then
+  echo "== train_three_way"
+  PY="${PYTHON:-python3}"
+  if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
+  WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
+  J2T="$(ls "$HERE"/jax2torch-*.whl 2>/dev/null | head -n 1)"
+  TRAIN_PY="$HERE/train_three_way.py"
+  [ -f "$TRAIN_PY" ] || TRAIN_PY="$HERE/../bench/train_three_way.py"
+  LOG="$LOGS/train_three_way.log"
+  if [ -z "$WHEEL" ] || [ ! -f "$TRAIN_PY" ]; then
+    echo "SKIP train_three_way: no handoff wheel or train_three_way.py in $HERE" >> "$SUMMARY"
+  else
+    TMP_PY="$(mktemp -d)"
+    {
+      for W in "$WHEEL" $J2T; do
+        "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/site" "$W" \
+          || "$PY" -m zipfile -e "$W" "$TMP_PY/site"
+      done
+    } > "$LOG" 2>&1
+    PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 540 "$PY" "$TRAIN_PY" >> "$LOG" 2>&1; rc=$?
+    grep -E '^\{|^\||SKIPPED:|^note:|CHECK FAILED' "$LOG" | sed 's/^/   /'
+    if [ "$rc" -ne 0 ]; then
+      failed=$((failed + 1)); echo "   FAILED (exit $rc)"; tail -n 30 "$LOG" | sed 's/^/   | /'
+      echo "FAIL train_three_way exit=$rc" >> "$SUMMARY"
+    else
+      echo "ok   train_three_way" >> "$SUMMARY"
     fi
     rm -rf "$TMP_PY"
   fi
