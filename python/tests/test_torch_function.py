@@ -291,3 +291,14 @@ def test_every_exchange_goes_through_handoff_and_is_released():
     assert after["imports"] - mid["imports"] == 3
     assert after["host_syncs"] == before["host_syncs"]
     assert after["pending"] == 0
+
+
+def test_output_modified_in_place_leaves_the_residuals_alone():
+    """tanh's VJP keeps tanh(x) as its residual: the output handed to PyTorch is another
+    buffer, so writing into the output does not change the gradient."""
+    fn = handoff.torch_function(jnp.tanh)
+    x = torch.randn(5, requires_grad=True)
+    y = fn(x)
+    y.add_(100.0)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, 1 - torch.tanh(x.detach()) ** 2)
