@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one fuzz target for a given time:
-#   fuzz/run.sh <import_raw|registry_convert|reaper_faults|consume|export> <seconds> [libFuzzer args...]
+#   fuzz/run.sh <import_raw|registry_convert|reaper_faults|consume|export|artifact|stablehlo> <seconds> [libFuzzer args...]
 # e.g. `fuzz/run.sh export 1200 -runs=1000000 -jobs=1 -workers=1` (stops at whichever
 # comes first). HANDOFF_FUZZ_FEATURES=torch adds the torch import on CPU to `consume`
 # (needs LIBTORCH and LD_LIBRARY_PATH as `cargo xtask env` prints).

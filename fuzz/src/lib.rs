@@ -478,3 +478,4 @@ pub mod export;
 pub mod fake;
 pub mod reaper_faults;
 pub mod registry;
+pub mod xla;

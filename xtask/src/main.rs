@@ -2,7 +2,8 @@
 //!
 //! - `setup`  install what the adapters need into `.deps/` (reused when present)
 //! - `env`    print the environment variables the build and tests use, as `export` lines
-//! - `test`   setup, then `cargo fmt --check`, clippy (`-D warnings`) and every test
+//! - `test`   setup, then `cargo fmt --check`, clippy (`-D warnings`) and every test,
+//!   the fuzz targets' kept inputs included (`fuzz/tests/regressions.rs`)
 //! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
 //! - `miri`   the runtime's unit tests under Miri, with both borrow models (needs a nightly
 //!   toolchain with the `miri` component; not part of `test`)
@@ -89,6 +90,17 @@ fn test(root: &Path, extra: &[String]) -> Result<(), String> {
         )?;
     }
     cargo(root, &env, &["test", "--workspace", "--all-features", "--no-fail-fast"])?;
+    // Every fuzz target's kept inputs (fuzz/regressions/<target>/, and the committed
+    // seeds), through each target's function on stable: fuzz/ is its own workspace, so
+    // the workspace test above does not see it. Its own target directory keeps the
+    // nightly sanitizer builds of fuzz/run.sh (fuzz/target/) apart.
+    let replay_dir = root.join("target/fuzz-replay");
+    let replay_dir = replay_dir.to_string_lossy();
+    cargo(
+        root,
+        &env,
+        &["test", "--manifest-path", "fuzz/Cargo.toml", "--target-dir", &replay_dir, "--test", "regressions"],
+    )?;
     // The Python package (python/, outside the workspace): its lint, wheel and pytest.
     python::test(root, lint)?;
     println!("xtask: all tests passed");

@@ -1,0 +1,47 @@
+module @jit_ln_gelu attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%arg0: tensor<256x256xbf16>) -> (tensor<256x256xbf16> {jax.result_info = "result"}) {
+    %0 = stablehlo.convert %arg0 : (tensor<256x256xbf16>) -> tensor<256x256xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %1 = stablehlo.reduce(%0 init: %cst) applies stablehlo.add across dimensions = [1] : (tensor<256x256xf32>, tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<256xf32>) -> tensor<256x1xf32>
+    %cst_0 = stablehlo.constant dense<2.560000e+02> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<256x1xf32>
+    %4 = stablehlo.divide %2, %3 : tensor<256x1xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0, 1] : (tensor<256x1xf32>) -> tensor<256x256xf32>
+    %6 = stablehlo.subtract %0, %5 : tensor<256x256xf32>
+    %7 = stablehlo.multiply %6, %6 : tensor<256x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %8 = stablehlo.reduce(%7 init: %cst_1) applies stablehlo.add across dimensions = [1] : (tensor<256x256xf32>, tensor<f32>) -> tensor<256xf32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0] : (tensor<256xf32>) -> tensor<256x1xf32>
+    %cst_2 = stablehlo.constant dense<2.560000e+02> : tensor<f32>
+    %10 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<256x1xf32>
+    %11 = stablehlo.divide %9, %10 : tensor<256x1xf32>
+    %12 = stablehlo.broadcast_in_dim %4, dims = [0, 1] : (tensor<256x1xf32>) -> tensor<256x256xf32>
+    %13 = stablehlo.subtract %0, %12 : tensor<256x256xf32>
+    %cst_3 = stablehlo.constant dense<9.99999974E-6> : tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<256x1xf32>
+    %15 = stablehlo.add %11, %14 : tensor<256x1xf32>
+    %16 = stablehlo.rsqrt %15 : tensor<256x1xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1] : (tensor<256x1xf32>) -> tensor<256x256xf32>
+    %18 = stablehlo.multiply %13, %17 : tensor<256x256xf32>
+    %19 = stablehlo.multiply %18, %18 : tensor<256x256xf32>
+    %20 = stablehlo.multiply %19, %18 : tensor<256x256xf32>
+    %cst_4 = stablehlo.constant dense<4.471500e-02> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<256x256xf32>
+    %22 = stablehlo.multiply %21, %20 : tensor<256x256xf32>
+    %23 = stablehlo.add %18, %22 : tensor<256x256xf32>
+    %cst_5 = stablehlo.constant dense<0.797884583> : tensor<f32>
+    %24 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<256x256xf32>
+    %25 = stablehlo.multiply %24, %23 : tensor<256x256xf32>
+    %26 = stablehlo.tanh %25 : tensor<256x256xf32>
+    %cst_6 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %27 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<256x256xf32>
+    %28 = stablehlo.add %27, %26 : tensor<256x256xf32>
+    %cst_7 = stablehlo.constant dense<5.000000e-01> : tensor<f32>
+    %29 = stablehlo.broadcast_in_dim %cst_7, dims = [] : (tensor<f32>) -> tensor<256x256xf32>
+    %30 = stablehlo.multiply %29, %28 : tensor<256x256xf32>
+    %31 = stablehlo.multiply %18, %30 : tensor<256x256xf32>
+    %32 = stablehlo.convert %31 : (tensor<256x256xf32>) -> tensor<256x256xbf16>
+    return %32 : tensor<256x256xbf16>
+  }
+}
