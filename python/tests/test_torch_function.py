@@ -302,3 +302,26 @@ def test_output_modified_in_place_leaves_the_residuals_alone():
     y.add_(100.0)
     y.sum().backward()
     torch.testing.assert_close(x.grad, 1 - torch.tanh(x.detach()) ** 2)
+
+
+def test_the_training_comparison_runs_on_the_cpu():
+    """bench/train_three_way.py (the GPU comparison) in its CPU mode, small: its
+    gradient checks pass and it prints its figures and table."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "train_three_way.py")
+    args = ["--device", "cpu", "--sizes", "16x32", "--dtypes", "f32", "bf16"]
+    args += ["--variants", "torch", "handoff", "--warmup", "1", "--steps", "2", "--reps", "1"]
+    r = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    figures = [x["figure"] for x in lines]
+    assert figures.count("grad_agreement") == 4 and figures.count("step") == 4
+    assert lines[-1] == {"figure": "result", "ok": True, "failures": []}
+    assert all(x["ok"] for x in lines if x["figure"] == "grad_agreement")
+    assert "| handoff | f32 | 16x32 |" in r.stdout
