@@ -262,6 +262,9 @@ def main():
                 emit(figure="step", **row)
                 rows.append(row)
 
+    if cuda and "handoff" in variants:
+        device_follows(torch, jax, middles["handoff"])
+
     lifetimes = {}
     if cuda:
         lifetimes = lifetime_checks(torch, jax, jnp, middles, variants, args.trials, sleep_cycles, dev)
@@ -401,6 +404,28 @@ def enqueue_behind(torch, step, cycles):
     busy = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
     return ms, busy
+
+
+def device_follows(torch, jax, layer):
+    """The same handoff.torch_function on CPU tensors and on CUDA tensors: each runs on
+    its tensors' device (JAX CPU, JAX GPU) and both agree."""
+    g = torch.Generator().manual_seed(3)
+    cpu = [torch.randn(*s, generator=g).requires_grad_() for s in [(8, 16), (16,), (16,), (16, 4)]]
+    gpu = [t.detach().cuda().requires_grad_() for t in cpu]
+    out = {}
+    for name, ts in (("cpu", cpu), ("cuda", gpu)):
+        with jax.default_matmul_precision("highest"):
+            y = layer(*ts)
+            y.square().sum().backward()
+        out[name] = (y, [t.grad for t in ts])
+    devices = {n: {y.device.type, *(gr.device.type for gr in grads)} for n, (y, grads) in out.items()}
+    err = worst_of(
+        [rel_err(torch, a, b.detach().cpu().numpy()) for a, b in zip(
+            [out["cuda"][0], *out["cuda"][1]], [out["cpu"][0], *out["cpu"][1]])]
+    )
+    ok = devices == {"cpu": {"cpu"}, "cuda": {"cuda"}} and err <= 1e-4
+    emit(figure="device_follows", devices={k: sorted(v) for k, v in devices.items()}, rel_err=jnum(err), ok=ok)
+    check(ok, f"handoff.torch_function on CPU and CUDA tensors: devices {devices}, rel err {err:.3g}")
 
 
 def lifetime_checks(torch, jax, jnp, middles, variants, trials, cycles, dev):
