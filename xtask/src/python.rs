@@ -9,7 +9,8 @@
 //!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy, JAX and
 //!   PyTorch on the CPU; PyTorch from [`TORCH`]).
 //! - `cargo xtask gpu-bundle`: the wheel, `python/tests/gpu_h200.py`,
-//!   `bench/train_three_way.py` and the jax2torch wheel it compares with go into
+//!   `bench/train_three_way.py` and the jax2torch wheel it compares with, and
+//!   `bench/python_host_cost.py` (issue 32) go into
 //!   `gpu-bundle/`, and `run.sh` installs the wheels into a temporary directory with the
 //!   GPU machine's own Python (torch and JAX there) and runs the scripts ([`RUN_STEP`]).
 
@@ -71,6 +72,8 @@ const TRAIN_SCRIPT: &str = "bench/train_three_way.py";
 /// The published package that runs a JAX function in PyTorch's autograd, which
 /// [`TRAIN_SCRIPT`] compares with (its last release, 2021; pure Python).
 const JAX2TORCH: &str = "jax2torch==0.0.7";
+/// The host cost of `handoff.ordered` against plain `from_dlpack`, both ways (issue 32).
+const HOST_COST_SCRIPT: &str = "bench/python_host_cost.py";
 const JAX2TORCH_WHEEL_PREFIX: &str = "jax2torch-0.0.7-";
 
 /// The virtual environment's Python, made (or brought to [`PINS`] and [`TORCH`]) if
@@ -172,6 +175,7 @@ pub fn bundle(root: &Path, out: &Path) -> Result<u64, String> {
         (wheel.clone(), wheel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
         (root.join(GPU_SCRIPT), "python_gpu_h200.py".to_string()),
         (root.join(TRAIN_SCRIPT), "train_three_way.py".to_string()),
+        (root.join(HOST_COST_SCRIPT), "python_host_cost.py".to_string()),
         (
             jax2torch.clone(),
             jax2torch.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
@@ -283,6 +287,38 @@ if [ -z "${ONLY:-}" ] || [[ "train_three_way" == *"$ONLY"* ]]; then
       echo "FAIL train_three_way exit=$rc" >> "$SUMMARY"
     else
       echo "ok   train_three_way" >> "$SUMMARY"
+    fi
+    rm -rf "$TMP_PY"
+  fi
+fi
+
+# The host cost of handoff.ordered (issue 32): plain from_dlpack against
+# from_dlpack(handoff.ordered(...)) both ways, 256x256 f32, median of 3,000 alternating
+# calls, two rounds; JSON lines ("met": at most 3 µs added), exit 1 on a failed check
+# (wrong values, a host sync, a release pending or leaked).
+if [ -z "${ONLY:-}" ] || [[ "python_host_cost" == *"$ONLY"* ]]; then
+  echo "== python_host_cost"
+  PY="${PYTHON:-python3}"
+  if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
+  WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
+  COST_PY="$HERE/python_host_cost.py"
+  [ -f "$COST_PY" ] || COST_PY="$HERE/../bench/python_host_cost.py"
+  LOG="$LOGS/python_host_cost.log"
+  if [ -z "$WHEEL" ] || [ ! -f "$COST_PY" ]; then
+    echo "SKIP python_host_cost: no handoff wheel or python_host_cost.py in $HERE" >> "$SUMMARY"
+  else
+    TMP_PY="$(mktemp -d)"
+    {
+      "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/site" "$WHEEL" \
+        || "$PY" -m zipfile -e "$WHEEL" "$TMP_PY/site"
+    } > "$LOG" 2>&1
+    PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 540 "$PY" "$COST_PY" >> "$LOG" 2>&1; rc=$?
+    grep -E '^\{|SKIPPED:|CHECK FAILED' "$LOG" | sed 's/^/   /'
+    if [ "$rc" -ne 0 ]; then
+      failed=$((failed + 1)); echo "   FAILED (exit $rc)"; tail -n 30 "$LOG" | sed 's/^/   | /'
+      echo "FAIL python_host_cost exit=$rc" >> "$SUMMARY"
+    else
+      echo "ok   python_host_cost" >> "$SUMMARY"
     fi
     rm -rf "$TMP_PY"
   fi
