@@ -30,6 +30,9 @@ Figures (JSON lines, then a markdown table, then ``{"figure": "result", ...}``):
   against ``jax.grad`` of the same loss in pure JAX, in float32 with "highest" matmul
   precision on both sides (TF32 off), from the same parameter values: relative L2
   error at most 1e-4 for f32, 3e-2 for bf16 (its rounding).
+- ``device_follows`` (CUDA only): one ``handoff.torch_function`` called on CPU tensors
+  and on CUDA tensors runs on each one's device (outputs and gradients there) and the
+  two agree (relative error at most 1e-4, "highest" matmul precision).
 - ``lifetime`` (CUDA only): ``--trials`` training steps on a non-blocking PyTorch
   stream (PyTorch's legacy default stream waits for every blocking stream and would
   hide a missing wait) where buffers JAX produced are dropped by PyTorch while
@@ -42,7 +45,8 @@ Figures (JSON lines, then a markdown table, then ``{"figure": "result", ...}``):
   for the gradients JAX returns, so they need no test of their own here.
 
 Checks that fail the run (exit 1): torch's and handoff's gradient agreement,
-handoff's lifetime trials (all right), handoff's host syncs (0) on CUDA. jax2torch's
+handoff's lifetime trials (all right), handoff's host syncs (0) and unblocked step on
+CUDA, ``device_follows``. jax2torch's
 figures are reported, never fail the run. Without CUDA (or JAX's GPU backend) the
 default ``--device cuda`` prints ``SKIPPED: <reason>`` and exits 0 (1 with
 ``HANDOFF_REQUIRE_GPU=1``); ``--device cpu`` runs the timings and the gradient

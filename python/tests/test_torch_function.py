@@ -325,3 +325,48 @@ def test_the_training_comparison_runs_on_the_cpu():
     assert lines[-1] == {"figure": "result", "ok": True, "failures": []}
     assert all(x["ok"] for x in lines if x["figure"] == "grad_agreement")
     assert "| handoff | f32 | 16x32 |" in r.stdout
+
+
+def test_training_matches_pure_pytorch(x64):
+    """Ten SGD steps of a 2-layer MLP whose middle layer is the JAX function give the
+    parameters that the same model in PyTorch alone gives (float64)."""
+
+    def middle_torch(h, gamma, beta, w):
+        mu = h.mean(-1, keepdim=True)
+        var = ((h - mu) ** 2).mean(-1, keepdim=True)
+        z = (h - mu) * torch.rsqrt(var + 1e-5) * gamma + beta
+        return torch.nn.functional.gelu(z, approximate="tanh") @ w
+
+    class MLP(torch.nn.Module):
+        def __init__(self, middle):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.w1 = torch.nn.Parameter(torch.randn(8, 16, dtype=torch.float64, generator=g) / 3)
+            self.gamma = torch.nn.Parameter(torch.ones(16, dtype=torch.float64))
+            self.beta = torch.nn.Parameter(torch.zeros(16, dtype=torch.float64))
+            self.w2 = torch.nn.Parameter(torch.randn(16, 4, dtype=torch.float64, generator=g) / 4)
+            self.middle = middle
+
+        def forward(self, x):
+            return self.middle(x @ self.w1, self.gamma, self.beta, self.w2)
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 8, dtype=torch.float64, generator=g)
+    y = torch.randn(32, 4, dtype=torch.float64, generator=g)
+    models = [MLP(middle_torch), MLP(handoff.torch_function(ln_gelu_matmul))]
+    losses = []
+    for m in models:
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        ls = []
+        for _ in range(10):
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ls.append(loss.item())
+        losses.append(ls)
+    assert losses[1][-1] < losses[1][0]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-10)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+    assert models[1].middle.traces == 1
