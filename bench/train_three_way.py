@@ -29,7 +29,7 @@ Figures (JSON lines, then a markdown table, then ``{"figure": "result", ...}``):
 - ``grad_agreement``: the loss and the gradients of every parameter after one step,
   against ``jax.grad`` of the same loss in pure JAX, in float32 with "highest" matmul
   precision on both sides (TF32 off), from the same parameter values: relative L2
-  error at most 1e-4 for f32, 3e-2 for bf16 (its rounding).
+  error at most 1e-4 for f32, 5e-2 for bf16 (its rounding).
 - ``device_follows`` (CUDA only): one ``handoff.torch_function`` called on CPU tensors
   and on CUDA tensors runs on each one's device (outputs and gradients there) and the
   two agree (relative error at most 1e-4, "highest" matmul precision).
@@ -72,7 +72,7 @@ EPS = 1e-5
 QUEUED_MS = 50.0
 CHURN = 24  # same-size JAX buffers filled with NaN per phase of a lifetime trial
 VARIANTS = ("torch", "jax2torch", "handoff")
-TOL = {"f32": 1e-4, "bf16": 3e-2}
+TOL = {"f32": 1e-4, "bf16": 5e-2}
 
 failures = []
 notes = []
