@@ -19,7 +19,8 @@ Figures (JSON lines, then a markdown table, then ``{"figure": "result", ...}``):
 
 - ``step``: ms per training step (forward, backward, SGD step), the median of
   ``--reps`` blocks of ``--steps`` steps after ``--warmup`` steps, each block timed to
-  a device synchronize; bf16 and f32, a host-bound size and a GPU-bound size. On CUDA
+  a device synchronize; bf16 and f32 (float32 matmuls without TF32 on both sides), a
+  host-bound size and a GPU-bound size. On CUDA
   also: ``sync_warnings``, PyTorch's synchronizing calls in 5 steps
   (``torch.cuda.set_sync_debug_mode("warn")``; JAX's own are not seen there),
   ``enqueue_ms_behind_50ms``, the host time of one step enqueued behind 50 ms of
@@ -142,7 +143,10 @@ def main():
     else:
         dev = torch.device("cpu")
         jax.config.update("jax_platforms", "cpu")
+    # float32 matmuls in float32 on both sides (PyTorch's default; JAX's GPU default is
+    # TF32), so that the f32 timings compare the same arithmetic.
     torch.backends.cuda.matmul.allow_tf32 = False
+    jax.config.update("jax_default_matmul_precision", "highest")
 
     j2t, j2t_version = load_jax2torch(torch, jax)
     variants = [v for v in args.variants if v != "jax2torch" or j2t is not None]
