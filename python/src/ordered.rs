@@ -19,6 +19,9 @@ use std::sync::OnceLock;
 enum Source {
     /// An object with `__dlpack__`; its `__dlpack_device__`, asked once.
     Dlpack {
+        /// The producer's `__dlpack__`, bound once here rather than looked up again
+        /// on each export (a hand-off's host cost).
+        dlpack: Py<PyAny>,
         /// The device, decoded.
         device: DLDevice,
         /// The producer's own `__dlpack_device__` result, returned as it is.
@@ -76,7 +79,7 @@ impl Ordered {
             }
             let device_obj = device_fn.call0()?;
             let device = streams::parse_device(&device_obj, "__dlpack_device__()")?;
-            Source::Dlpack { device, device_obj: device_obj.unbind() }
+            Source::Dlpack { dlpack: dlpack.unbind(), device, device_obj: device_obj.unbind() }
         } else if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
             Source::Cai { ordinal: OnceLock::new() }
         } else {
@@ -118,6 +121,7 @@ impl Ordered {
     fn via_producer<'py>(
         &self,
         py: Python<'py>,
+        dlpack: &Bound<'py, PyAny>,
         stream: Option<&Bound<'py, PyAny>>,
         requested: Requested,
         max_version: Option<&Bound<'py, PyAny>>,
@@ -129,7 +133,6 @@ impl Ordered {
         // Resolved before the producer is asked, on the consumer's thread (stream 2 is
         // this thread's per-thread default stream).
         let consumer = self.consumer(target, requested)?;
-        let obj = self.obj.bind(py);
         let kwargs = PyDict::new(py);
         kwargs.set_item(intern!(py, "stream"), stream)?;
         if let Some(v) = max_version {
@@ -141,8 +144,7 @@ impl Ordered {
         if let Some(c) = copy {
             kwargs.set_item(intern!(py, "copy"), c)?;
         }
-        let method = intern!(py, "__dlpack__");
-        let produced = match obj.call_method(method, (), Some(&kwargs)) {
+        let produced = match dlpack.call((), Some(&kwargs)) {
             Ok(c) => c,
             // A producer older than DLPack 1.0 takes no max_version: ask again without,
             // as the protocol recommends (only when nothing else new was asked for).
@@ -153,7 +155,7 @@ impl Ordered {
                     && copy.is_none() =>
             {
                 kwargs.del_item(intern!(py, "max_version"))?;
-                obj.call_method(method, (), Some(&kwargs))?
+                dlpack.call((), Some(&kwargs))?
             }
             Err(e) => return Err(e),
         };
@@ -222,7 +224,8 @@ impl Ordered {
     /// producer that keeps its own wrapper is collected.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.obj)?;
-        if let Source::Dlpack { device_obj, .. } = &self.source {
+        if let Source::Dlpack { dlpack, device_obj, .. } = &self.source {
+            visit.call(dlpack)?;
             visit.call(device_obj)?;
         }
         Ok(())
@@ -266,9 +269,17 @@ impl Ordered {
             None => self.device(py)?,
         };
         match &self.source {
-            Source::Dlpack { .. } => {
-                self.via_producer(py, stream, requested, max_version, dl_device, copy, target, versioned)
-            }
+            Source::Dlpack { dlpack, .. } => self.via_producer(
+                py,
+                dlpack.bind(py),
+                stream,
+                requested,
+                max_version,
+                dl_device,
+                copy,
+                target,
+                versioned,
+            ),
             Source::Cai { ordinal } => {
                 if let Some(c) = copy
                     && c.is_truthy()?
