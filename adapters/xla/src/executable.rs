@@ -92,8 +92,25 @@ impl Program {
 fn module_name(code: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(code).ok()?;
     let rest = &text[text.find("module @")? + 8..];
-    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))?;
-    Some(rest[..end].to_string())
+    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.')).unwrap_or(rest.len());
+    // `module @"quoted"` or a bare `module @` has no bare name: the default is kept.
+    (end > 0).then(|| rest[..end].to_string())
+}
+
+#[cfg(test)]
+#[test]
+fn a_module_without_a_bare_name_keeps_the_default_name() {
+    // Found by the `stablehlo` fuzz target: `module @>` was named "" (errors then named no program).
+    for (text, name) in [
+        ("module @> {}", "module"),
+        ("module @\"quoted\" {}", "module"),
+        ("module @", "module"),
+        ("module @m_1.x {}", "m_1.x"),
+        ("module @tail", "tail"),
+        ("no module here", "module"),
+    ] {
+        assert_eq!(Program::text(text).name(), name, "{text:?}");
+    }
 }
 
 /// Options of [`Client::compile_with`].
