@@ -11,7 +11,18 @@ cotangents. Both are compiled once per input signature.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union, overload
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    overload,
+)
 
 from ._handoff import ordered
 
@@ -82,8 +93,9 @@ def torch_function(
     **Compilation.** The signature is the structure, shapes, dtypes and device of the
     tensors, which of them need a gradient, and the static arguments. ``f`` is traced
     once per new signature (twice if it is called both with and without gradients:
-    the forward alone keeps no residuals), and the backward once more; the object's
-    ``traces`` counts the traces of ``f``. Under ``torch.no_grad()``, or when no input
+    the forward alone keeps no residuals); the backward is compiled once per signature
+    too, from the VJP, without tracing ``f`` again. The object's ``traces`` counts the
+    traces of ``f``. Under ``torch.no_grad()``, or when no input
     requires grad, only the plain ``jax.jit(f)`` runs.
 
     **Memory and streams.** Every hand-off, both ways and both passes, goes through
