@@ -19,11 +19,11 @@ import jax.numpy as jnp  # noqa: E402
 
 def _torch():
     if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch is not installed")
+        pytest.skip("torch is not installed", allow_module_level=True)
     try:
         import torch
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"torch does not import: {e}")
+        pytest.skip(f"torch does not import: {e}", allow_module_level=True)
     return torch
 
 
