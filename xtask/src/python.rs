@@ -4,7 +4,7 @@
 //! - A virtual environment under `.deps/py-venv` (git-ignored) with the pinned test
 //!   dependencies ([`PINS`]), made once and reused (remade when the pins change).
 //! - The abi3 wheel, built with maturin into `python/target/wheels/` (one wheel for
-//!   Python >= 3.9), installed into that environment.
+//!   Python >= 3.10), installed into that environment.
 //! - `cargo xtask test`: `cargo fmt --check` and clippy (`-D warnings`) of
 //!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy, JAX and
 //!   PyTorch on the CPU; PyTorch from [`TORCH`]).
