@@ -8,9 +8,12 @@
     python bench/python_host_cost.py --device cpu    # the same measurement on the CPU
 
 For each direction (``jax->torch``: ``torch.from_dlpack(x)``, ``torch->jax``:
-``jax.dlpack.from_dlpack(t)``) and each round, ``--calls`` calls of the plain exchange and
-as many through ``handoff.ordered``, alternating one by one (and which goes first, from
-call to call) on a ``--size``² f32 tensor, after 300 warm-up pairs. Each call is timed
+``jax.dlpack.from_dlpack(t)``) and each round, ``--calls`` calls of the plain exchange, as
+many through ``handoff.ordered``, and as many through ``handoff.ordered`` after
+``handoff._handoff._take_returns()`` (``added_taking_returns_us``: what consumers let go
+of on their own threads dropped by this thread at its next hand-off, instead of by the
+reaper's thread; a diagnostic), in turns (which goes first changes from turn to turn),
+on a ``--size``² f32 tensor, after 300 warm-up turns. Each call is timed
 with ``time.perf_counter_ns`` twice: ``call`` (the exchange alone; the result is dropped
 after the clock stops, as ``gpu_h200.py``'s host cost does) and ``cycle`` (the exchange
 and dropping its result, which runs the release). Medians.
@@ -56,18 +59,19 @@ def skip(reason):
     sys.exit(1 if os.environ.get("HANDOFF_REQUIRE_GPU") == "1" else 0)
 
 
-def paired(plain, ordered, calls, warmup=300):
-    """Median µs of ``calls`` alternating calls of each: (call, cycle) for plain, then ordered."""
+def paired(variants, calls, warmup=300):
+    """Median µs of ``calls`` calls of each variant (a dict of name: function), taken in
+    turns (the first one changes from turn to turn): name -> (call, cycle)."""
     pc = time.perf_counter_ns
-    times = {"plain": ([], []), "ordered": ([], [])}
-    order = (("plain", plain), ("ordered", ordered))
+    times = {name: ([], []) for name in variants}
+    order = list(variants.items())
     for _ in range(warmup):
-        r = plain()
-        del r
-        r = ordered()
-        del r
+        for _name, f in order:
+            r = f()
+            del r
     for i in range(calls):
-        for name, f in order if i % 2 == 0 else order[::-1]:
+        turn = order[i % len(order):] + order[:i % len(order)]
+        for name, f in turn:
             t0 = pc()
             r = f()
             t1 = pc()
@@ -153,6 +157,19 @@ def main():
     handoff.flush()
     start = handoff.stats()
 
+    # A third variant drops what came home to this thread first (handoff._take_returns):
+    # JAX lets go of a view on PJRT's thread, which posts the hand-off back to this,
+    # the making thread; this thread never releases one itself in this loop, so without
+    # it they wait reaper::STALE for the reaper's thread, which then also queues each
+    # producer's deleter as a pending call for the main thread. Diagnostic (issue 32).
+    from handoff._handoff import _take_returns
+
+    def taking(f):
+        def g():
+            _take_returns()
+            return f()
+        return g
+
     directions = (
         ("jax->torch", "torch.from_dlpack", lambda: torch.from_dlpack(x), lambda: torch.from_dlpack(handoff.ordered(x))),
         ("torch->jax", "jax.dlpack.from_dlpack", lambda: jax.dlpack.from_dlpack(t),
@@ -161,12 +178,20 @@ def main():
     added = {d: [] for d, *_ in directions}
     for rnd in range(1, args.rounds + 1):
         for direction, call, plain, ordered in directions:
-            m = paired(plain, ordered, args.calls)
-            (pc_, py_), (oc, oy) = m["plain"], m["ordered"]
+            before = handoff.stats()
+            m = paired({"plain": plain, "ordered": ordered, "taking": taking(ordered)}, args.calls)
+            after = handoff.stats()
+            (pc_, py_), (oc, oy), (tc, ty) = m["plain"], m["ordered"], m["taking"]
             added[direction].append(oc - pc_)
+            # Where the releases went: deferred behind an event (the reaper's) or at
+            # once, and how many were still queued when the loop ended.
             emit(figure="host_cost", direction=direction, call=call, round=rnd, calls=args.calls,
                  plain_us=round(pc_, 2), ordered_us=round(oc, 2), added_us=round(oc - pc_, 2),
-                 plain_cycle_us=round(py_, 2), ordered_cycle_us=round(oy, 2), added_cycle_us=round(oy - py_, 2))
+                 plain_cycle_us=round(py_, 2), ordered_cycle_us=round(oy, 2), added_cycle_us=round(oy - py_, 2),
+                 added_taking_returns_us=round(tc - pc_, 2), added_taking_returns_cycle_us=round(ty - py_, 2),
+                 releases_deferred=after["releases_deferred"] - before["releases_deferred"],
+                 releases_immediate=after["releases_immediate"] - before["releases_immediate"],
+                 pending_after_loop=after["pending"])
 
     # Where the added time goes: each step of the wrapper timed alone (warm), beside
     # the plain step it replaces. The producer's __dlpack__ is asked with the stream

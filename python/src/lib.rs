@@ -76,6 +76,16 @@ fn flush(py: Python<'_>) {
     main_thread::run_queued(py);
 }
 
+/// Benchmarks only: drops, now, what consumers on other threads let go of this thread's
+/// hand-offs (JAX lets go of a view on PJRT's thread, and it is posted back to the
+/// thread that made the hand-off). A thread that makes hand-offs but never releases
+/// one itself leaves that to the reaper's thread, after `reaper::STALE`;
+/// `bench/python_host_cost.py` times both ways (issue 32).
+#[pyfunction(name = "_take_returns")]
+fn take_returns(_py: Python<'_>) {
+    reaper::take_returns();
+}
+
 /// Whether the CUDA driver can be used (`libcuda.so.1` loads and there is a device).
 #[pyfunction]
 fn cuda_available(py: Python<'_>) -> bool {
@@ -94,6 +104,7 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(keep_alive::shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(mock::mock_ordered, m)?)?;
+    m.add_function(wrap_pyfunction!(take_returns, m)?)?;
     m.add("HandoffError", py.get_type::<errors::HandoffError>())?;
     m.add("InvalidTensorError", py.get_type::<errors::InvalidTensorError>())?;
     let v = handoff_runtime::ffi::DLPackVersion::CURRENT;
