@@ -162,7 +162,9 @@ def main():
     # the making thread; this thread never releases one itself in this loop, so without
     # it they wait reaper::STALE for the reaper's thread, which then also queues each
     # producer's deleter as a pending call for the main thread. Diagnostic (issue 32).
-    from handoff._handoff import _take_returns
+    from handoff import _handoff
+
+    _take_returns = getattr(_handoff, "_take_returns", None)  # absent in wheels before it
 
     def taking(f):
         def g():
@@ -179,9 +181,13 @@ def main():
     for rnd in range(1, args.rounds + 1):
         for direction, call, plain, ordered in directions:
             before = handoff.stats()
-            m = paired({"plain": plain, "ordered": ordered, "taking": taking(ordered)}, args.calls)
+            variants = {"plain": plain, "ordered": ordered}
+            if _take_returns is not None:
+                variants["taking"] = taking(ordered)
+            m = paired(variants, args.calls)
             after = handoff.stats()
-            (pc_, py_), (oc, oy), (tc, ty) = m["plain"], m["ordered"], m["taking"]
+            (pc_, py_), (oc, oy) = m["plain"], m["ordered"]
+            tc, ty = m.get("taking", (float("nan"), float("nan")))
             added[direction].append(oc - pc_)
             # Where the releases went: deferred behind an event (the reaper's) or at
             # once, and how many were still queued when the loop ended.
