@@ -12,8 +12,9 @@ For each direction (``jax->torch``: ``torch.from_dlpack(x)``, ``torch->jax``:
 many through ``handoff.ordered``, and as many through ``handoff.ordered`` after
 ``handoff._handoff._take_returns()`` (``added_taking_returns_us``: what consumers let go
 of on their own threads dropped by this thread at its next hand-off, instead of by the
-reaper's thread; a diagnostic), in turns (which goes first changes from turn to turn),
-on a ``--size``² f32 tensor, after 300 warm-up turns. Each call is timed
+reaper's thread; a diagnostic, in a second loop beside plain again), in turns (which
+goes first changes from turn to turn), on a ``--size``² f32 tensor, after 300 warm-up
+turns. Each call is timed
 with ``time.perf_counter_ns`` twice: ``call`` (the exchange alone; the result is dropped
 after the clock stops, as ``gpu_h200.py``'s host cost does) and ``cycle`` (the exchange
 and dropping its result, which runs the release). Medians.
@@ -181,20 +182,23 @@ def main():
     for rnd in range(1, args.rounds + 1):
         for direction, call, plain, ordered in directions:
             before = handoff.stats()
-            variants = {"plain": plain, "ordered": ordered}
-            if _take_returns is not None:
-                variants["taking"] = taking(ordered)
-            m = paired(variants, args.calls)
+            m = paired({"plain": plain, "ordered": ordered}, args.calls)
             after = handoff.stats()
             (pc_, py_), (oc, oy) = m["plain"], m["ordered"]
-            tc, ty = m.get("taking", (float("nan"), float("nan")))
             added[direction].append(oc - pc_)
+            # The variant in a loop of its own (beside plain again): in the same turns it
+            # would also take what came home from the other variant's hand-offs.
+            taking_added = (None, None)
+            if _take_returns is not None:
+                mt = paired({"plain": plain, "taking": taking(ordered)}, args.calls)
+                (tpc, tpy), (tc, ty) = mt["plain"], mt["taking"]
+                taking_added = (round(tc - tpc, 2), round(ty - tpy, 2))
             # Where the releases went: deferred behind an event (the reaper's) or at
             # once, and how many were still queued when the loop ended.
             emit(figure="host_cost", direction=direction, call=call, round=rnd, calls=args.calls,
                  plain_us=round(pc_, 2), ordered_us=round(oc, 2), added_us=round(oc - pc_, 2),
                  plain_cycle_us=round(py_, 2), ordered_cycle_us=round(oy, 2), added_cycle_us=round(oy - py_, 2),
-                 added_taking_returns_us=round(tc - pc_, 2), added_taking_returns_cycle_us=round(ty - py_, 2),
+                 added_taking_returns_us=taking_added[0], added_taking_returns_cycle_us=taking_added[1],
                  releases_deferred=after["releases_deferred"] - before["releases_deferred"],
                  releases_immediate=after["releases_immediate"] - before["releases_immediate"],
                  pending_after_loop=after["pending"])
