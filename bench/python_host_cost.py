@@ -12,15 +12,24 @@ For each direction (``jax->torch``: ``torch.from_dlpack(x)``, ``torch->jax``:
 many through ``handoff.ordered``, and as many through ``handoff.ordered`` after
 ``handoff._handoff._take_returns()`` (``added_taking_returns_us``: what consumers let go
 of on their own threads dropped by this thread at its next hand-off, instead of by the
-reaper's thread; a diagnostic, in a second loop beside plain again), in turns (which
-goes first changes from turn to turn), on a ``--size``² f32 tensor, after 300 warm-up
-turns. Each call is timed
+reaper's thread; a diagnostic, in a second loop beside plain again), and, ``torch->jax``
+only, as many through ``handoff.ordered`` with ``handoff._handoff._set_deleters_on_main_thread(False)``
+(``added_releasing_thread_us``: PyTorch's deleter run on the thread that releases the
+hand-off, with the GIL taken there, instead of queued as a pending call for the main
+thread; ``added_releasing_thread_nogil_us``: the same without taking the GIL, as the plain
+call has JAX call it; each in a loop of its own beside plain, the switch set back after;
+never for ``jax->torch``, whose producer's deleter must run on the main thread), in turns
+(which goes first changes from turn to turn), on a ``--size``² f32 tensor, after 300
+warm-up turns. Each call is timed
 with ``time.perf_counter_ns`` twice: ``call`` (the exchange alone; the result is dropped
 after the clock stops, as ``gpu_h200.py``'s host cost does) and ``cycle`` (the exchange
 and dropping its result, which runs the release). Medians.
 
 Prints JSON lines: ``{"figure": "host_cost", ...}`` per direction and round (plain,
-ordered and added µs, call and cycle), ``{"figure": "host_cost_breakdown", ...}`` per
+ordered and added µs, call and cycle; ``pending_calls``, ``pending_jobs`` and
+``pending_call_us_per_job``: the pending calls that ran producers' deleters on the main
+thread during the plain/ordered loop, the deleters they ran, and the µs spent inside them
+per deleter, CPython's scheduling of them not included), ``{"figure": "host_cost_breakdown", ...}`` per
 direction (the wrapper's steps timed alone, each beside the plain step it replaces), one
 ``{"figure": "host_cost_summary", ...}`` per direction with ``met``: the largest added
 ``call`` µs of the rounds <= ``--target`` (3 µs), and a last ``{"figure": "result", ...}``.
@@ -173,6 +182,23 @@ def main():
             return f()
         return g
 
+    # A fourth (torch->jax only): PyTorch's deleter run by whichever thread releases the
+    # hand-off, instead of as a pending call on the main thread (benchmarks only; JAX's
+    # deleter must run on the main thread, so never for jax->torch). Diagnostic (issue 32).
+    _set_deleters = getattr(_handoff, "_set_deleters_on_main_thread", None)  # absent before it
+    _pending_counts = getattr(_handoff, "_pending_call_counts", None)
+
+    def on_releasing_thread(plain, ordered, gil):
+        if _set_deleters is None:
+            return (None, None)
+        _set_deleters(False, gil=gil)
+        try:
+            mr = paired({"plain": plain, "releasing": ordered}, args.calls)
+        finally:
+            _set_deleters(True)
+        (rpc, rpy), (rc, ry) = mr["plain"], mr["releasing"]
+        return (round(rc - rpc, 2), round(ry - rpy, 2))
+
     directions = (
         ("jax->torch", "torch.from_dlpack", lambda: torch.from_dlpack(x), lambda: torch.from_dlpack(handoff.ordered(x))),
         ("torch->jax", "jax.dlpack.from_dlpack", lambda: jax.dlpack.from_dlpack(t),
@@ -182,8 +208,15 @@ def main():
     for rnd in range(1, args.rounds + 1):
         for direction, call, plain, ordered in directions:
             before = handoff.stats()
+            counts_before = _pending_counts() if _pending_counts is not None else None
             m = paired({"plain": plain, "ordered": ordered}, args.calls)
+            counts_after = _pending_counts() if _pending_counts is not None else None
             after = handoff.stats()
+            pending = {"pending_calls": None, "pending_jobs": None, "pending_call_us_per_job": None}
+            if counts_before is not None:
+                calls_, jobs_, ns_ = (a - b for a, b in zip(counts_after, counts_before))
+                pending = {"pending_calls": calls_, "pending_jobs": jobs_,
+                           "pending_call_us_per_job": round(ns_ / jobs_ / 1e3, 3) if jobs_ else None}
             (pc_, py_), (oc, oy) = m["plain"], m["ordered"]
             added[direction].append(oc - pc_)
             # The variant in a loop of its own (beside plain again): in the same turns it
@@ -193,12 +226,20 @@ def main():
                 mt = paired({"plain": plain, "taking": taking(ordered)}, args.calls)
                 (tpc, tpy), (tc, ty) = mt["plain"], mt["taking"]
                 taking_added = (round(tc - tpc, 2), round(ty - tpy, 2))
+            releasing_added = releasing_nogil_added = (None, None)
+            if direction == "torch->jax":
+                releasing_added = on_releasing_thread(plain, ordered, gil=True)
+                releasing_nogil_added = on_releasing_thread(plain, ordered, gil=False)
             # Where the releases went: deferred behind an event (the reaper's) or at
             # once, and how many were still queued when the loop ended.
             emit(figure="host_cost", direction=direction, call=call, round=rnd, calls=args.calls,
                  plain_us=round(pc_, 2), ordered_us=round(oc, 2), added_us=round(oc - pc_, 2),
                  plain_cycle_us=round(py_, 2), ordered_cycle_us=round(oy, 2), added_cycle_us=round(oy - py_, 2),
                  added_taking_returns_us=taking_added[0], added_taking_returns_cycle_us=taking_added[1],
+                 added_releasing_thread_us=releasing_added[0], added_releasing_thread_cycle_us=releasing_added[1],
+                 added_releasing_thread_nogil_us=releasing_nogil_added[0],
+                 added_releasing_thread_nogil_cycle_us=releasing_nogil_added[1],
+                 **pending,
                  releases_deferred=after["releases_deferred"] - before["releases_deferred"],
                  releases_immediate=after["releases_immediate"] - before["releases_immediate"],
                  pending_after_loop=after["pending"])

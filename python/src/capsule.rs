@@ -170,7 +170,7 @@ impl<M: ManagedAbi + 'static> MainThreadProxy<M> {
             // `wrap` (repr(C)), and DLPack calls a deleter once.
             let proxy = unsafe { Box::from_raw(managed.cast::<MainThreadProxy<M>>()) };
             let original = Original(proxy.original);
-            main_thread::run_on_main(Box::new(move || {
+            main_thread::run_deleter(Box::new(move || {
                 // The whole `Original` (which is Send) moves in, not its pointer field.
                 let original = original;
                 // SAFETY: the producer's tensor, still owned here.
@@ -291,8 +291,10 @@ fn release(handoff: Handoff) {
             STUCK.store(true, Ordering::Relaxed);
         }
         // The producers' deleters the drain made due wait in the main-thread queue,
-        // whose pending call would not run any more: run them here, with the GIL.
-        Python::try_attach(main_thread::run_queued);
+        // whose pending call would not run any more: run them here when this is the
+        // main thread, with the GIL, also while the interpreter finalizes (PyO3 no
+        // longer attaches then: see `main_thread::with_gil`).
+        main_thread::run_queued_exiting();
     } else {
         drop(handoff);
     }

@@ -3,8 +3,9 @@
 //! A keep-alive is dropped by the reaper thread (or by whichever thread releases the
 //! hand-off): it takes the GIL itself to drop its reference, and never while holding a
 //! lock (the reaper holds none that a thread holding the GIL waits for: `flush`
-//! releases the GIL first). Once the interpreter is shutting down it cannot attach any
-//! more, and the reference is leaked instead.
+//! releases the GIL first). While the interpreter finalizes, only its finalizing (main)
+//! thread drops the reference; elsewhere, and once the interpreter is gone, the
+//! reference is leaked instead.
 
 use crate::main_thread;
 use handoff_runtime::reaper;
@@ -47,15 +48,23 @@ impl PyKeepAlive {
 
 impl Drop for PyKeepAlive {
     fn drop(&mut self) {
-        let mut slot = self.0.take();
-        // Attaches (takes the GIL) when the interpreter can be attached to; re-entrant
-        // on a thread that holds it already.
-        let attached = Python::try_attach(|_py| drop(slot.take()));
-        if attached.is_none()
-            && let Some(obj) = slot.take()
-        {
-            // The interpreter is gone or finalizing: nothing may touch the object.
+        let Some(obj) = self.0.take() else { return };
+        if shutting_down() && !main_thread::on_main_thread() {
+            // The interpreter is exiting: another thread that takes the GIL now may be
+            // ended inside `PyGILState_Ensure` by the finalizing one. Leaked.
             std::mem::forget(obj);
+            return;
         }
+        let ptr = obj.into_ptr();
+        // With the GIL: attached when the interpreter can be attached to (re-entrant on a
+        // thread that holds it already), or on the finalizing main thread (see
+        // `main_thread::with_gil`). The reference is dropped directly, not through PyO3,
+        // which would defer it when it does not know the GIL is held.
+        // Otherwise (`None`) the interpreter is gone, or this thread may not take the GIL
+        // while it finalizes: nothing may touch the object, and the reference is leaked.
+        main_thread::with_gil(|| {
+            // SAFETY: a strong reference we own, dropped once, with the GIL held.
+            unsafe { pyo3::ffi::Py_DecRef(ptr) }
+        });
     }
 }

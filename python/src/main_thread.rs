@@ -17,6 +17,16 @@
 //! The main thread runs pending calls only while it runs Python code: a program whose
 //! main thread blocks for long (a `join` while workers hand off) gets its producers'
 //! memory back when it returns, or at a `flush()`.
+//!
+//! # Exit
+//!
+//! Once the `atexit` hooks ran, CPython runs no pending call, and while it tears the
+//! modules down `Py_IsInitialized()` is 0, so PyO3 no longer attaches: a consumer's
+//! array that dies then (a module global) is released by CPython's own finalizing
+//! thread, the main one, which holds the GIL. Its producer's deleter runs there, at
+//! once, as CPython runs any other destructor then ([`with_gil`]). After the interpreter
+//! is gone (a `Py_AtExit` callback says so) no deleter runs any more: the tensor is
+//! kept, and each one left is reported on stderr, as is each job still queued then.
 
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -24,7 +34,7 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_ulong, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 /// A deleter to run with the GIL held.
 pub type Job = Box<dyn FnOnce() + Send>;
@@ -36,8 +46,16 @@ static QUEUE: Mutex<Vec<Job>> = Mutex::new(Vec::new());
 /// Whether a pending call to [`run_pending`] is scheduled and has not started yet.
 static SCHEDULED: AtomicBool = AtomicBool::new(false);
 /// Set once the interpreter is exiting: no pending call is scheduled any more (they
-/// would never run); whoever drains runs the queue.
-static CLOSED: AtomicBool = AtomicBool::new(false);
+/// would never run); whoever drains runs the queue. A mutex, not a flag: a pending
+/// call is added under it, so none is added once [`close`] returned (a thread that read
+/// "open" just before could otherwise add one after the interpreter was freed).
+static CLOSED: Mutex<bool> = Mutex::new(false);
+/// Set by a `Py_AtExit` callback, at the very end of `Py_FinalizeEx`: the interpreter
+/// is gone, nothing may take the GIL or touch a Python object any more.
+static GONE: AtomicBool = AtomicBool::new(false);
+/// Whether that callback was registered (CPython has room for 32): without it the end
+/// of the interpreter cannot be told, and no deleter runs during finalization.
+static WATCHED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Set while this thread runs a flush or drain of the reaper (see [`deferring`]).
@@ -64,10 +82,34 @@ pub fn deferring<R>(f: impl FnOnce() -> R) -> R {
 pub fn init(py: Python<'_>) -> PyResult<()> {
     let ident: u64 = py.import("threading")?.call_method0("main_thread")?.getattr("ident")?.extract()?;
     MAIN.store(ident, Ordering::Relaxed);
+    if !WATCHED.load(Ordering::Acquire) {
+        // SAFETY: registers a plain function, called once by `Py_FinalizeEx` after the
+        // interpreter is deleted; the GIL is held (`py`).
+        let registered = unsafe { ffi::Py_AtExit(Some(interpreter_gone)) } == 0;
+        WATCHED.store(registered, Ordering::Release);
+    }
     Ok(())
 }
 
-fn on_main_thread() -> bool {
+/// Called by `Py_FinalizeEx` once the interpreter is deleted (the last thing it does).
+extern "C" fn interpreter_gone() {
+    let r = catch_unwind(|| {
+        GONE.store(true, Ordering::Release);
+        let left = QUEUE.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if left > 0 {
+            report(&format!(
+                "{left} producer's deleter(s) were not called: they became due after the interpreter \
+                 could run them (the tensors are kept)"
+            ));
+        }
+    });
+    if r.is_err() {
+        report("a panic at interpreter exit was caught");
+    }
+}
+
+/// Whether the calling thread is the interpreter's main thread.
+pub fn on_main_thread() -> bool {
     // SAFETY: returns the calling thread's identifier; needs no GIL.
     let me: c_ulong = unsafe { ffi::PyThread_get_thread_ident() };
     me as u64 == MAIN.load(Ordering::Relaxed)
@@ -87,31 +129,56 @@ pub fn run_on_main(job: Job) {
         return;
     }
     QUEUE.lock().unwrap_or_else(|e| e.into_inner()).push(job);
-    if !CLOSED.load(Ordering::Acquire) && !SCHEDULED.swap(true, Ordering::AcqRel) {
+    if SCHEDULED.swap(true, Ordering::AcqRel) {
+        return; // a pending call that has not started yet will run this job too
+    }
+    // Never waits for the GIL under this lock: `close` takes it with the GIL held.
+    let closed = CLOSED.lock().unwrap_or_else(|e| e.into_inner());
+    let failed = *closed || {
         // SAFETY: CPython's pending-call queue takes a plain function and argument
-        // from any thread, without the GIL; the interpreter is still running (not
-        // closed by the exit drain).
-        let failed = unsafe { ffi::Py_AddPendingCall(Some(run_pending), std::ptr::null_mut()) } != 0;
-        if failed {
-            // CPython's queue is full: the next job, flush() or exit runs this one.
-            SCHEDULED.store(false, Ordering::Release);
-        }
+        // from any thread, without the GIL; the interpreter is still whole: `close`
+        // (its atexit hook, before finalization) has not run, and cannot while this
+        // lock is held.
+        unsafe { ffi::Py_AddPendingCall(Some(run_pending), std::ptr::null_mut()) != 0 }
+    };
+    drop(closed);
+    if failed {
+        // Closed (the exit path runs the queue), or CPython's queue is full (the next
+        // job, flush() or exit runs this one).
+        SCHEDULED.store(false, Ordering::Release);
     }
 }
 
-/// Runs every queued job on the calling thread, with the GIL (`py`). Jobs queued
-/// while these run wait for the next call.
-pub fn run_queued(_py: Python<'_>) {
+/// Runs every queued job on the calling thread, with the GIL (`py`); returns how many.
+/// Jobs queued while these run wait for the next call.
+pub fn run_queued(_py: Python<'_>) -> usize {
     let jobs = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|e| e.into_inner()));
+    let n = jobs.len();
     for job in jobs {
         run_attached(job);
     }
+    n
 }
 
 /// No pending call is scheduled from now on: the interpreter is exiting and would
 /// not run it. Jobs queued later are run by the exit path's [`run_queued`].
 pub fn close() {
-    CLOSED.store(true, Ordering::Release);
+    *CLOSED.lock().unwrap_or_else(|e| e.into_inner()) = true;
+}
+
+/// Runs what is queued when called on the main thread while the interpreter exits
+/// (`capsule::release` after the exit drain): during finalization too, where this
+/// thread holds the GIL ([`with_gil`]). On another thread it leaves the queue to the
+/// main thread's next release (or reports it at the end, see [`interpreter_gone`]): a
+/// producer's deleter runs on the main thread only.
+pub fn run_queued_exiting() {
+    if !on_main_thread() {
+        return;
+    }
+    let jobs = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|e| e.into_inner()));
+    for job in jobs {
+        run_attached(job);
+    }
 }
 
 /// The pending call: runs on the main thread between two bytecodes, with the GIL.
@@ -122,7 +189,9 @@ extern "C" fn run_pending(_: *mut c_void) -> c_int {
     let r = catch_unwind(|| {
         // SAFETY: CPython calls pending calls on the main thread with the GIL held.
         let py = unsafe { Python::assume_attached() };
-        run_queued(py);
+        let start = std::time::Instant::now();
+        let jobs = run_queued(py);
+        count_pending_call(jobs, start);
     });
     if r.is_err() {
         report("a panic while running producers' deleters was caught");
@@ -130,11 +199,11 @@ extern "C" fn run_pending(_: *mut c_void) -> c_int {
     0
 }
 
-/// Runs `job` with the GIL (taken if this thread does not hold it); never after the
-/// interpreter can no longer be attached to (the producer's tensor is kept then).
+/// Runs `job` with the GIL (taken if this thread does not hold it, see [`with_gil`]);
+/// never once the interpreter is gone (the producer's tensor is kept then).
 fn run_attached(job: Job) {
     let r = catch_unwind(AssertUnwindSafe(|| {
-        if Python::try_attach(|_py| job()).is_none() {
+        if with_gil(job).is_none() {
             report("a producer's deleter was not called after interpreter shutdown (the tensor is kept)");
         }
     }));
@@ -143,7 +212,108 @@ fn run_attached(job: Job) {
     }
 }
 
+/// Runs `f` with the GIL on this thread, or returns `None` where that cannot be.
+///
+/// PyO3 attaches while the interpreter is initialized. Once it is finalizing
+/// (`Py_IsInitialized()` is 0 while CPython tears the modules down and collects what
+/// is left), PyO3 refuses, yet the finalizing thread (the main one) still runs
+/// destructors, holding the GIL: there `f` runs under `PyGILState_Ensure`, which
+/// CPython lets the finalizing thread take (re-entrant when it holds the GIL). Never on
+/// another thread then (CPython would end it inside `PyGILState_Ensure`), and never
+/// once the interpreter is gone ([`interpreter_gone`]) or where that cannot be told.
+pub fn with_gil<R>(f: impl FnOnce() -> R) -> Option<R> {
+    if GONE.load(Ordering::Acquire) {
+        return None;
+    }
+    let mut f = Some(f);
+    if let Some(r) = Python::try_attach(|_py| f.take().map(|f| f())) {
+        return r;
+    }
+    let f = f.take()?;
+    if !WATCHED.load(Ordering::Acquire) || !on_main_thread() || GONE.load(Ordering::Acquire) {
+        return None;
+    }
+    struct Release(ffi::PyGILState_STATE);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            // SAFETY: pairs the `PyGILState_Ensure` below, on the same thread.
+            unsafe { ffi::PyGILState_Release(self.0) };
+        }
+    }
+    // SAFETY: this is the main thread, which runs `Py_FinalizeEx` (the only thread
+    // CPython lets take the GIL while finalizing), and the interpreter still exists:
+    // `interpreter_gone` runs on this same thread, at the end of `Py_FinalizeEx`, and
+    // has not run. Released when `_gil` drops, also if `f` panics.
+    let _gil = Release(unsafe { ffi::PyGILState_Ensure() });
+    Some(f())
+}
+
 fn report(what: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "handoff: {what}");
+}
+
+// Benchmarks only (issue 32): where producers' deleters run, and what the pending
+// calls that run them on the main thread cost.
+
+/// Where a producer's deleter runs: [`ON_MAIN`] (always, but where a benchmark set
+/// otherwise with [`set_deleters_on_main_thread`]), or on the releasing thread.
+static DELETERS: AtomicU8 = AtomicU8::new(ON_MAIN);
+/// On the main thread ([`run_on_main`]): the default, and the only safe choice for a
+/// producer whose deleter races its own calls elsewhere (JAX's).
+const ON_MAIN: u8 = 0;
+/// On the releasing thread, with the GIL taken there ([`run_attached`]).
+const RELEASING_WITH_GIL: u8 = 1;
+/// On the releasing thread, without taking the GIL: as a plain consumer calls a C
+/// deleter (PyTorch's is thread-safe C++; JAX's is not safe there).
+const RELEASING_WITHOUT_GIL: u8 = 2;
+/// Pending calls of [`run_pending`] run, the jobs they ran, and their time (ns).
+static PENDING_CALLS: AtomicU64 = AtomicU64::new(0);
+static PENDING_JOBS: AtomicU64 = AtomicU64::new(0);
+static PENDING_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Benchmarks only: `on` (the default) queues producers' deleters for the main thread;
+/// `false` runs each on whichever thread releases it, with the GIL taken there when
+/// `gil`, else without. Not while the interpreter exits, nor inside a flush or drain
+/// (queued then, as always). Only for producers whose deleter may run on any thread
+/// (PyTorch's), never JAX's (see the module's documentation).
+pub fn set_deleters_on_main_thread(on: bool, gil: bool) {
+    let mode = match (on, gil) {
+        (true, _) => ON_MAIN,
+        (false, true) => RELEASING_WITH_GIL,
+        (false, false) => RELEASING_WITHOUT_GIL,
+    };
+    DELETERS.store(mode, Ordering::Relaxed);
+}
+
+/// Runs a producer's deleter `job`: on the main thread ([`run_on_main`]), unless a
+/// benchmark asked for the releasing thread ([`set_deleters_on_main_thread`]).
+pub fn run_deleter(job: Job) {
+    let mode = DELETERS.load(Ordering::Relaxed);
+    if mode == ON_MAIN || DEFERRING.get() || crate::keep_alive::shutting_down() {
+        run_on_main(job);
+    } else if mode == RELEASING_WITH_GIL {
+        run_attached(job);
+    } else if catch_unwind(AssertUnwindSafe(job)).is_err() {
+        report("a panic in a producer's deleter was caught");
+    }
+}
+
+/// Counts a pending call that ran `jobs` jobs from `start` to now.
+fn count_pending_call(jobs: usize, start: std::time::Instant) {
+    let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    PENDING_CALLS.fetch_add(1, Ordering::Relaxed);
+    PENDING_JOBS.fetch_add(jobs as u64, Ordering::Relaxed);
+    PENDING_NS.fetch_add(ns, Ordering::Relaxed);
+}
+
+/// Benchmarks only: the pending calls run on the main thread so far, the producers'
+/// deleters they ran, and the nanoseconds spent inside them (the GIL already held; not
+/// CPython's own scheduling of them).
+pub fn pending_call_counts() -> (u64, u64, u64) {
+    (
+        PENDING_CALLS.load(Ordering::Relaxed),
+        PENDING_JOBS.load(Ordering::Relaxed),
+        PENDING_NS.load(Ordering::Relaxed),
+    )
 }

@@ -81,12 +81,20 @@ _DESTRUCTOR = C.CFUNCTYPE(None, C.c_void_p)
 
 
 @_DESTRUCTOR
-def _destroy(capsule: int) -> None:
-    # As a producer's capsule destructor must: delete only an unconsumed tensor.
-    for name, kind in ((_VERSIONED, DLManagedTensorVersioned), (_LEGACY, DLManagedTensor)):
+def _destroy(
+    capsule: int,
+    _api=_api,
+    _kinds=((_VERSIONED, DLManagedTensorVersioned), (_LEGACY, DLManagedTensor)),
+    _cast=C.cast,
+    _pointer=C.POINTER,
+) -> None:
+    # As a producer's capsule destructor must: delete only an unconsumed tensor. What it
+    # uses is bound here: at interpreter exit it may run after this module's globals
+    # were cleared.
+    for name, kind in _kinds:
         if _api.PyCapsule_IsValid(capsule, name) == 1:
             ptr = _api.PyCapsule_GetPointer(capsule, name)
-            managed = C.cast(ptr, C.POINTER(kind))
+            managed = _cast(ptr, _pointer(kind))
             managed.contents.deleter(managed)
             return
 
