@@ -103,11 +103,11 @@ pub enum ValidationError {
         expected: u32,
     },
 
-    /// `device.device_type` names a device handoff does not exchange, or
-    /// `device.device_id` is negative.
+    /// `device.device_type` names a device handoff does not exchange, or a CUDA or
+    /// mock `device.device_id` is negative (a host tensor's `device_id` is not read).
     #[error(
         "device (device_type {device_type}, device_id {device_id}) is not exchanged: \
-         handoff takes host (1, 3), CUDA (2) and the mock device (12) with device_id >= 0"
+         handoff takes host (1, 3; any device_id), CUDA (2) and the mock device (12) with device_id >= 0"
     )]
     UnsupportedDevice {
         /// `device.device_type`.
