@@ -17,10 +17,7 @@ only, as many through ``handoff.ordered`` with ``handoff._handoff._set_deleters_
 (``added_releasing_thread_us``: PyTorch's deleter run on the thread that releases the
 hand-off, with the GIL taken there, instead of queued as a pending call for the main
 thread; ``added_releasing_thread_nogil_us``: the same without taking the GIL, as the plain
-call has JAX call it; ``added_recording_where_dropped_us``: with
-``handoff._handoff._set_record_where_dropped(True)``, the release of a view JAX lets go of
-on PJRT's thread recorded there instead of on this thread at its next hand-off; each in a
-loop of its own beside plain, the switch set back after;
+call has JAX call it; each in a loop of its own beside plain, the switch set back after;
 never for ``jax->torch``, whose producer's deleter must run on the main thread), in turns
 (which goes first changes from turn to turn), on a ``--size``² f32 tensor, after 300
 warm-up turns. Each call is timed
@@ -191,31 +188,16 @@ def main():
     _set_deleters = getattr(_handoff, "_set_deleters_on_main_thread", None)  # absent before it
     _pending_counts = getattr(_handoff, "_pending_call_counts", None)
 
-    # A fifth (torch->jax only): the release of a hand-off JAX lets go of on PJRT's
-    # thread recorded there, instead of on this thread at its next hand-off (only the
-    # producer's tensor comes back once the work is done). Diagnostic (issue 32).
-    _set_record = getattr(_handoff, "_set_record_where_dropped", None)  # absent before it
-
-    def switched(plain, ordered, set_on, set_back):
-        """(call, cycle) µs that ``ordered`` adds to ``plain`` with a switch set, each in
-        a loop of its own beside plain; the switch set back after."""
-        set_on()
-        try:
-            mr = paired({"plain": plain, "switched": ordered}, args.calls)
-        finally:
-            set_back()
-        (rpc, rpy), (rc, ry) = mr["plain"], mr["switched"]
-        return (round(rc - rpc, 2), round(ry - rpy, 2))
-
     def on_releasing_thread(plain, ordered, gil):
         if _set_deleters is None:
             return (None, None)
-        return switched(plain, ordered, lambda: _set_deleters(False, gil=gil), lambda: _set_deleters(True))
-
-    def recording_where_dropped(plain, ordered):
-        if _set_record is None:
-            return (None, None)
-        return switched(plain, ordered, lambda: _set_record(True), lambda: _set_record(False))
+        _set_deleters(False, gil=gil)
+        try:
+            mr = paired({"plain": plain, "releasing": ordered}, args.calls)
+        finally:
+            _set_deleters(True)
+        (rpc, rpy), (rc, ry) = mr["plain"], mr["releasing"]
+        return (round(rc - rpc, 2), round(ry - rpy, 2))
 
     directions = (
         ("jax->torch", "torch.from_dlpack", lambda: torch.from_dlpack(x), lambda: torch.from_dlpack(handoff.ordered(x))),
@@ -244,11 +226,10 @@ def main():
                 mt = paired({"plain": plain, "taking": taking(ordered)}, args.calls)
                 (tpc, tpy), (tc, ty) = mt["plain"], mt["taking"]
                 taking_added = (round(tc - tpc, 2), round(ty - tpy, 2))
-            releasing_added = releasing_nogil_added = recording_added = (None, None)
+            releasing_added = releasing_nogil_added = (None, None)
             if direction == "torch->jax":
                 releasing_added = on_releasing_thread(plain, ordered, gil=True)
                 releasing_nogil_added = on_releasing_thread(plain, ordered, gil=False)
-                recording_added = recording_where_dropped(plain, ordered)
             # Where the releases went: deferred behind an event (the reaper's) or at
             # once, and how many were still queued when the loop ended.
             emit(figure="host_cost", direction=direction, call=call, round=rnd, calls=args.calls,
@@ -258,8 +239,6 @@ def main():
                  added_releasing_thread_us=releasing_added[0], added_releasing_thread_cycle_us=releasing_added[1],
                  added_releasing_thread_nogil_us=releasing_nogil_added[0],
                  added_releasing_thread_nogil_cycle_us=releasing_nogil_added[1],
-                 added_recording_where_dropped_us=recording_added[0],
-                 added_recording_where_dropped_cycle_us=recording_added[1],
                  **pending,
                  releases_deferred=after["releases_deferred"] - before["releases_deferred"],
                  releases_immediate=after["releases_immediate"] - before["releases_immediate"],

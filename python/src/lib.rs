@@ -97,16 +97,6 @@ fn set_deleters_on_main_thread(on: bool, gil: bool) {
     main_thread::set_deleters_on_main_thread(on, gil);
 }
 
-/// Benchmarks only: `True` records the release of a hand-off let go of on another
-/// thread than the one that made it (JAX lets go of a view on PJRT's thread) on that
-/// thread, when its stream can be used there, instead of on the making thread at its
-/// next hand-off; `False` (the default) gives it back whole first.
-/// `bench/python_host_cost.py` times both ways (issue 32) and sets it back.
-#[pyfunction(name = "_set_record_where_dropped")]
-fn set_record_where_dropped(on: bool) {
-    reaper::set_record_where_dropped(on);
-}
-
 /// Benchmarks only: `(pending_calls, jobs, ns)`, the pending calls run on the main
 /// thread so far, the producers' deleters they ran and the nanoseconds spent in them.
 #[pyfunction(name = "_pending_call_counts")]
@@ -135,7 +125,6 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(take_returns, m)?)?;
     m.add_function(wrap_pyfunction!(set_deleters_on_main_thread, m)?)?;
     m.add_function(wrap_pyfunction!(pending_call_counts, m)?)?;
-    m.add_function(wrap_pyfunction!(set_record_where_dropped, m)?)?;
     m.add("HandoffError", py.get_type::<errors::HandoffError>())?;
     m.add("InvalidTensorError", py.get_type::<errors::InvalidTensorError>())?;
     let v = handoff_runtime::ffi::DLPackVersion::CURRENT;

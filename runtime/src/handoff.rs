@@ -352,9 +352,8 @@ impl Handoff {
         let Ok(managed) = (unsafe { Managed::from_raw(ptr) }) else { return };
         // SAFETY: every hand-off's context is an `Owner` (`repr(C)`, its `Head` first),
         // alive until the deleter runs, which only dropping `managed` does.
-        let head = unsafe { &*((*ptr).manager_ctx as *const Head) };
-        let (home, record_here) = (head.home, records_here(head));
-        let_go(managed, home, record_here);
+        let home = unsafe { (*((*ptr).manager_ctx as *const Head)).home };
+        reaper::give_home(home, Returning { _tensor: managed });
     }
 
     /// The raw DLPack pointer, still owned by `self`.
@@ -533,30 +532,11 @@ unsafe impl Send for Returning {}
 
 impl Drop for Handoff {
     fn drop(&mut self) {
-        let (home, record_here) = (self.head().home, records_here(self.head()));
+        let home = self.head().home;
         // SAFETY: taken once, here; `into_raw` skips this drop.
         let managed = unsafe { ManuallyDrop::take(&mut self.managed) };
-        let_go(managed, home, record_here);
-    }
-}
-
-/// Whether a hand-off let go of here records its release here even away from home
-/// (benchmarks only: [`reaper::set_record_where_dropped`]).
-fn records_here(head: &Head) -> bool {
-    reaper::record_where_dropped()
-        && head.after_consumer
-        && !head.consumer().is_host()
-        && head.consumer().is_usable_here()
-}
-
-/// Lets go of a hand-off's managed tensor: at home (or with none), or when
-/// `record_here`, its deleter runs now (a deferred release records its event here and
-/// its keep-alive goes home once done); elsewhere the whole tensor is given back to
-/// the thread that made it.
-fn let_go(managed: Managed<DLManagedTensorVersioned>, home: Option<reaper::Home>, record_here: bool) {
-    if record_here {
-        drop(managed);
-    } else {
+        // At home (or with none), the deleter runs now; elsewhere the whole tensor is
+        // given back to the thread that made it.
         reaper::give_home(home, Returning { _tensor: managed });
     }
 }

@@ -781,24 +781,6 @@ fn settle(stream: &Stream, items: Vec<Pending>) -> Vec<(Pending, Outcome)> {
     }
 }
 
-/// Benchmarks only (issue 32): whether a hand-off let go of away from the thread that
-/// made it records its release event where it is let go of (when its consumer stream
-/// can be used there), its keep-alive going home once the work is done, instead of
-/// going home whole first, to record there. Off by default.
-static RECORD_WHERE_DROPPED: AtomicBool = AtomicBool::new(false);
-
-/// Benchmarks only: see [`RECORD_WHERE_DROPPED`]; `bench/python_host_cost.py` times
-/// both ways and sets it back.
-#[doc(hidden)]
-pub fn set_record_where_dropped(on: bool) {
-    RECORD_WHERE_DROPPED.store(on, Ordering::Relaxed);
-}
-
-/// Whether a hand-off let go of away from home records its release there.
-pub(crate) fn record_where_dropped() -> bool {
-    RECORD_WHERE_DROPPED.load(Ordering::Relaxed)
-}
-
 /// How many releases are queued and not yet done (nor leaked).
 pub fn pending() -> usize {
     REAPER.get().map_or(0, |r| r.pending.load(Ordering::Relaxed))

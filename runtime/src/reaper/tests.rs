@@ -608,61 +608,6 @@ fn a_hand_off_let_go_elsewhere_goes_home_whole() {
     assert!(eventually(Duration::from_secs(5), || dropped_on.lock().unwrap().is_some()));
 }
 
-/// Drops, on another thread, a probe's hand-off released behind an event on a stream
-/// whose events complete at once, with `set_record_where_dropped(record_there)`;
-/// returns the releases deferred on that thread, that thread, and the probe's drop.
-fn deferred_where_let_go(record_there: bool) -> (u64, ThreadId, Arc<Mutex<Option<ThreadId>>>) {
-    let fake = Fake::new();
-    let dropped_on = Arc::new(Mutex::new(None));
-    let probe = HomeProbe { data: vec![1.0; 4], dropped_on: dropped_on.clone() };
-    let h = crate::Handoff::with_keep_alive(
-        probe,
-        |p| {
-            Ok(crate::TensorDesc::new(
-                p.data.as_ptr() as *mut _,
-                Device::Host,
-                crate::dtype::DataType::F32,
-                &[4][..],
-            ))
-        },
-        &fake.stream(OK),
-        crate::Ready::Elided,
-        crate::Release::AfterConsumer,
-    )
-    .unwrap();
-    let deferred = || crate::stats::of_this_thread(Counter::ReleasesDeferred as usize);
-    set_record_where_dropped(record_there);
-    let (there, elsewhere) = std::thread::spawn(move || {
-        let before = deferred();
-        drop(h);
-        (deferred() - before, std::thread::current().id())
-    })
-    .join()
-    .unwrap();
-    set_record_where_dropped(false);
-    (there, elsewhere, dropped_on)
-}
-
-#[test]
-fn a_release_let_go_elsewhere_is_recorded_there_only_when_asked() {
-    // Asked: the event is recorded where the hand-off is let go of; the keep-alive
-    // still goes home once the work is done.
-    let (there, elsewhere, dropped_on) = deferred_where_let_go(true);
-    assert_eq!(there, 1, "the release was not recorded where the hand-off was let go of");
-    assert!(eventually(Duration::from_secs(5), || {
-        take_returns();
-        dropped_on.lock().unwrap().is_some()
-    }));
-    assert_ne!(dropped_on.lock().unwrap().expect("dropped (above)"), elsewhere);
-    // The default: the hand-off goes home whole and is recorded there.
-    let (there, _, dropped_on) = deferred_where_let_go(false);
-    assert_eq!(there, 0, "recorded where let go of without being asked");
-    assert!(eventually(Duration::from_secs(5), || {
-        take_returns();
-        dropped_on.lock().unwrap().is_some()
-    }));
-}
-
 #[test]
 fn what_waits_at_a_home_that_makes_no_hand_off_is_dropped_by_the_reaper() {
     let (h, dropped_on) = probe_handoff();
