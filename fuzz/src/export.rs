@@ -286,7 +286,8 @@ fn one(u: &mut Unstructured<'_>, streams: &[Stream]) -> arbitrary::Result<Option
             let storage = (keep.data.as_ptr() as usize, layout.len.div_ceil(8) * 8);
             let align = handoff::dtype::alignment(layout.dtype) as u64;
             let start = (storage.0 as u64).checked_add(layout.byte_offset);
-            let valid = layout.fits(storage.1) && !layout.unrepresentable() && start.is_some_and(|s| s % align == 0);
+            let valid =
+                layout.fits(storage.1) && !layout.unrepresentable() && start.is_some_and(|s| s % align == 0);
             let r = Handoff::with_keep_alive(
                 keep,
                 |k| {

@@ -2,8 +2,9 @@
 //!
 //! - `setup`  install what the adapters need into `.deps/` (reused when present)
 //! - `env`    print the environment variables the build and tests use, as `export` lines
-//! - `test`   setup, then `cargo fmt --check`, clippy (`-D warnings`) and every test,
-//!   the fuzz targets' kept inputs included (`fuzz/tests/regressions.rs`)
+//! - `test`   setup, then `cargo fmt --check`, clippy (`-D warnings`) and every test, of
+//!   the workspace and of `fuzz/` (its own workspace: the fuzz targets' kept inputs run
+//!   through `fuzz/tests/regressions.rs`)
 //! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
 //! - `miri`   the runtime's unit tests under Miri, with both borrow models (needs a nightly
 //!   toolchain with the `miri` component; not part of `test`)
@@ -96,6 +97,12 @@ fn test(root: &Path, extra: &[String]) -> Result<(), String> {
     // nightly sanitizer builds of fuzz/run.sh (fuzz/target/) apart.
     let replay_dir = root.join("target/fuzz-replay");
     let replay_dir = replay_dir.to_string_lossy();
+    if lint {
+        cargo(root, &env, &["fmt", "--manifest-path", "fuzz/Cargo.toml", "--check"])?;
+        let fuzz_clippy =
+            ["--manifest-path", "fuzz/Cargo.toml", "--target-dir", &replay_dir, "--all-targets"];
+        cargo(root, &env, &[&["clippy"][..], &fuzz_clippy, &["--", "-D", "warnings"]].concat())?;
+    }
     cargo(
         root,
         &env,
