@@ -3,7 +3,7 @@
 
 mod common;
 
-use handoff_xla::{Artifact, CompileOptions, Kernel, Source, XlaError};
+use handoff_xla::{ArraySpec, Artifact, CompileOptions, Kernel, Source, XlaError};
 use std::path::PathBuf;
 
 fn programs() -> PathBuf {
@@ -195,4 +195,94 @@ fn load_files() {
         let r = Kernel::load(&c, f);
         println!("{f}: {:?} in {:?}", r.map(|_| ()), t.elapsed());
     }
+}
+
+/// An artifact whose listed shapes are not its module's (a dimension's string changed
+/// in the file, which still parses): refused when compiled, naming the parameter or
+/// result, the listed shape and the module's. Calls are checked against the listed
+/// shapes, so such a file would otherwise hand the program buffers of another size
+/// than it reads.
+#[test]
+fn an_artifact_whose_shapes_are_not_its_modules_is_refused_naming_both() {
+    let Some(c) = common::client() else { return };
+    let compile = |bytes: Vec<u8>| {
+        Kernel::compile(&c, Source::from_bytes(bytes, None).unwrap(), &CompileOptions::default())
+    };
+    let (mut inputs_changed, mut outputs_changed) = (0, 0);
+    for name in [
+        "ln_gelu_f32_8x16_cpu.jaxexport",
+        "unused_arg_f32_cpu.jaxexport",
+        "residual_f32_8x16_cpu_cuda.jaxexport",
+        "linear_f32_cpu_vjp.jaxexport",
+    ] {
+        let bytes = artifact(name);
+        let whole = Artifact::from_bytes(&bytes).unwrap();
+        // A flatbuffer string of one or two digits (a dimension): its length, the
+        // digits, a NUL; the first digit is changed.
+        let digits = (0..bytes.len() - 8).filter(|&i| {
+            let n = bytes[i] as usize;
+            (1..=2).contains(&n)
+                && bytes[i + 1..i + 4] == [0, 0, 0]
+                && bytes[i + 4..i + 4 + n].iter().all(u8::is_ascii_digit)
+                && bytes[i + 4 + n] == 0
+        });
+        for at in digits {
+            let mut changed = bytes.clone();
+            changed[at + 4] = if changed[at + 4] == b'9' { b'7' } else { changed[at + 4] + 1 };
+            let Ok(a) = Artifact::from_bytes(&changed) else { continue };
+            let differs = |l: &[ArraySpec], w: &[ArraySpec]| l.iter().zip(w).position(|(l, w)| l != w);
+            let (field, listed, module) = if let Some(i) = differs(a.inputs(), whole.inputs()) {
+                // The module's parameters are the platform index, when taken, then the
+                // kept inputs, in order.
+                let Some(p) = whole.kept_inputs().iter().position(|&k| k == i) else { continue };
+                let p = p + usize::from(whole.takes_platform_index());
+                inputs_changed += 1;
+                (format!("jax.export artifact parameters[{p}]"), &a.inputs()[i], &whole.inputs()[i])
+            } else if let Some(i) = differs(a.outputs(), whole.outputs()) {
+                outputs_changed += 1;
+                (format!("jax.export artifact results[{i}]"), &a.outputs()[i], &whole.outputs()[i])
+            } else {
+                continue;
+            };
+            let e = compile(changed).unwrap_err();
+            let text = e.to_string();
+            let (f, value, reason) = invalid(e);
+            assert_eq!((f, value), (field, listed.to_string()), "{name}, byte {at}: {text}");
+            assert!(reason.contains(&module.to_string()), "{name}, byte {at}: {text}");
+            println!("{name}, byte {at}: {text}");
+        }
+        // The outputs share their avals with inputs in these files: an output made to
+        // list another aval instead (a one-element vector of small indices, `[i]`, made
+        // `[j]`).
+        let one_index = |i: usize| {
+            bytes[i..i + 4] == [1, 0, 0, 0] && bytes[i + 4] < 4 && bytes[i + 5..i + 8] == [0, 0, 0]
+        };
+        for (at, j) in
+            (0..bytes.len() - 8).filter(|&i| one_index(i)).flat_map(|i| (0..4u8).map(move |j| (i, j)))
+        {
+            let mut changed = bytes.clone();
+            if changed[at + 4] == j {
+                continue;
+            }
+            changed[at + 4] = j;
+            let Ok(a) = Artifact::from_bytes(&changed) else { continue };
+            if a.inputs() != whole.inputs() || a.outputs() == whole.outputs() {
+                continue;
+            }
+            outputs_changed += 1;
+            let (listed, module) = (&a.outputs()[0], &whole.outputs()[0]);
+            let e = compile(changed).unwrap_err();
+            let text = e.to_string();
+            let (f, value, reason) = invalid(e);
+            assert_eq!((f.as_str(), value), ("jax.export artifact results[0]", listed.to_string()), "{text}");
+            assert!(reason.contains(&module.to_string()), "{name}, byte {at}: {text}");
+            println!("{name}, byte {at}: {text}");
+        }
+        // The file as written compiles.
+        compile(bytes).unwrap();
+    }
+    assert!(
+        inputs_changed >= 2 && outputs_changed >= 1,
+        "{inputs_changed} inputs, {outputs_changed} outputs"
+    );
 }

@@ -151,6 +151,48 @@ impl Source {
     }
 }
 
+/// An artifact's signature against its compiled module's: the module's parameters
+/// are the platform index (an `i32` scalar) when the artifact takes one, then the kept
+/// inputs; its results are the outputs. Calls are checked against the artifact's
+/// inputs, so a file whose listed shapes or dtypes are not its module's (a damaged or
+/// hand-made one) would hand the program buffers of other sizes than it reads: refused
+/// here, naming the first difference. Skipped when the plugin gives no program shape.
+fn check_against_module(artifact: &Artifact, exe: &Executable) -> Result<()> {
+    let parameters = artifact
+        .takes_platform_index()
+        .then(|| ArraySpec { dtype: Some(handoff_runtime::dtype::DataType::I32), shape: Vec::new() })
+        .into_iter()
+        .chain(artifact.kept_inputs().iter().map(|&i| artifact.inputs()[i].clone()));
+    let expected = [
+        ("parameter", parameters.collect::<Vec<_>>(), exe.parameters()),
+        ("result", artifact.outputs().to_vec(), Some(exe.outputs())),
+    ];
+    for (what, listed, compiled) in expected {
+        let Some(compiled) = compiled else { continue };
+        let field = format!("jax.export artifact {what}s");
+        if listed.len() != compiled.len() {
+            return Err(XlaError::invalid(
+                field,
+                format!("{} listed", listed.len()),
+                format!(
+                    "its module has {} {what}(s): the file is damaged or was not written by jax.export",
+                    compiled.len()
+                ),
+            ));
+        }
+        if let Some((i, (l, c))) = listed.iter().zip(compiled).enumerate().find(|(_, (l, c))| l != c) {
+            return Err(XlaError::invalid(
+                format!("{field}[{i}]"),
+                l,
+                format!(
+                    "its module's {what} {i} is {c}: the file is damaged or was not written by jax.export"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Options of a kernel call, for the rare cases.
 ///
 /// ```
@@ -202,7 +244,10 @@ impl Kernel {
     ///
     /// An artifact must have been exported for the client's platform; one exported
     /// for several platforms gets its platform-index argument from the kernel, so
-    /// callers pass only their own inputs.
+    /// callers pass only their own inputs. One whose listed input or output shapes and
+    /// dtypes are not its module's is refused ([`XlaError::Invalid`] naming the first
+    /// parameter or result that differs, with both), since calls are checked against
+    /// what it lists.
     pub fn compile(client: &Client, source: impl Into<Source>, options: &CompileOptions) -> Result<Kernel> {
         Kernel::compile_named(client, source.into(), options, None)
     }
@@ -236,6 +281,7 @@ impl Kernel {
                 let name = name.unwrap_or_else(|| artifact.function_name().to_owned());
                 let program = Program::bytecode(artifact.module().to_vec()).named(name);
                 let exe = client.compile_with(&program, options)?;
+                check_against_module(&artifact, &exe)?;
                 let platform_index = if artifact.takes_platform_index() {
                     Some(buffer::platform_index_buffer(client, &device, index)?)
                 } else {
