@@ -197,8 +197,8 @@ fn load_files() {
     }
 }
 
-/// An artifact whose listed shapes are not its module's (a dimension's string changed
-/// in the file, which still parses): refused when compiled, naming the parameter or
+/// An artifact whose listed shapes are not its module's (a dimension or an aval index
+/// changed in the file, which still parses): refused when compiled, naming the parameter or
 /// result, the listed shape and the module's. Calls are checked against the listed
 /// shapes, so such a file would otherwise hand the program buffers of another size
 /// than it reads.
@@ -208,6 +208,7 @@ fn an_artifact_whose_shapes_are_not_its_modules_is_refused_naming_both() {
     let compile = |bytes: Vec<u8>| {
         Kernel::compile(&c, Source::from_bytes(bytes, None).unwrap(), &CompileOptions::default())
     };
+    let differs = |l: &[ArraySpec], w: &[ArraySpec]| l.iter().zip(w).position(|(l, w)| l != w);
     let (mut inputs_changed, mut outputs_changed) = (0, 0);
     for name in [
         "ln_gelu_f32_8x16_cpu.jaxexport",
@@ -230,7 +231,6 @@ fn an_artifact_whose_shapes_are_not_its_modules_is_refused_naming_both() {
             let mut changed = bytes.clone();
             changed[at + 4] = if changed[at + 4] == b'9' { b'7' } else { changed[at + 4] + 1 };
             let Ok(a) = Artifact::from_bytes(&changed) else { continue };
-            let differs = |l: &[ArraySpec], w: &[ArraySpec]| l.iter().zip(w).position(|(l, w)| l != w);
             let (field, listed, module) = if let Some(i) = differs(a.inputs(), whole.inputs()) {
                 // The module's parameters are the platform index, when taken, then the
                 // kept inputs, in order.
@@ -266,15 +266,20 @@ fn an_artifact_whose_shapes_are_not_its_modules_is_refused_naming_both() {
             }
             changed[at + 4] = j;
             let Ok(a) = Artifact::from_bytes(&changed) else { continue };
-            if a.inputs() != whole.inputs() || a.outputs() == whole.outputs() {
+            let Some(i) = differs(a.outputs(), whole.outputs()).filter(|_| a.inputs() == whole.inputs())
+            else {
                 continue;
-            }
+            };
             outputs_changed += 1;
-            let (listed, module) = (&a.outputs()[0], &whole.outputs()[0]);
+            let (listed, module) = (&a.outputs()[i], &whole.outputs()[i]);
             let e = compile(changed).unwrap_err();
             let text = e.to_string();
             let (f, value, reason) = invalid(e);
-            assert_eq!((f.as_str(), value), ("jax.export artifact results[0]", listed.to_string()), "{text}");
+            assert_eq!(
+                (f, value),
+                (format!("jax.export artifact results[{i}]"), listed.to_string()),
+                "{text}"
+            );
             assert!(reason.contains(&module.to_string()), "{name}, byte {at}: {text}");
             println!("{name}, byte {at}: {text}");
         }
