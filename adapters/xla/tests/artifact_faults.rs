@@ -209,6 +209,15 @@ fn an_artifact_whose_shapes_are_not_its_modules_is_refused_naming_both() {
         Kernel::compile(&c, Source::from_bytes(bytes, None).unwrap(), &CompileOptions::default())
     };
     let differs = |l: &[ArraySpec], w: &[ArraySpec]| l.iter().zip(w).position(|(l, w)| l != w);
+    // `changed` is refused naming `field`, the listed spec and the module's.
+    let refused = |changed: Vec<u8>, field: String, listed: &ArraySpec, module: &ArraySpec, case: &str| {
+        let e = compile(changed).unwrap_err();
+        let text = e.to_string();
+        let (f, value, reason) = invalid(e);
+        assert_eq!((f, value), (field, listed.to_string()), "{case}: {text}");
+        assert!(reason.contains(&module.to_string()), "{case}: {text}");
+        println!("{case}: {text}");
+    };
     let (mut inputs_changed, mut outputs_changed) = (0, 0);
     for name in [
         "ln_gelu_f32_8x16_cpu.jaxexport",
@@ -244,12 +253,7 @@ fn an_artifact_whose_shapes_are_not_its_modules_is_refused_naming_both() {
             } else {
                 continue;
             };
-            let e = compile(changed).unwrap_err();
-            let text = e.to_string();
-            let (f, value, reason) = invalid(e);
-            assert_eq!((f, value), (field, listed.to_string()), "{name}, byte {at}: {text}");
-            assert!(reason.contains(&module.to_string()), "{name}, byte {at}: {text}");
-            println!("{name}, byte {at}: {text}");
+            refused(changed, field, listed, module, &format!("{name}, byte {at}"));
         }
         // The outputs share their avals with inputs in these files: an output made to
         // list another aval instead (a one-element vector of small indices, `[i]`, made
@@ -272,16 +276,8 @@ fn an_artifact_whose_shapes_are_not_its_modules_is_refused_naming_both() {
             };
             outputs_changed += 1;
             let (listed, module) = (&a.outputs()[i], &whole.outputs()[i]);
-            let e = compile(changed).unwrap_err();
-            let text = e.to_string();
-            let (f, value, reason) = invalid(e);
-            assert_eq!(
-                (f, value),
-                (format!("jax.export artifact results[{i}]"), listed.to_string()),
-                "{text}"
-            );
-            assert!(reason.contains(&module.to_string()), "{name}, byte {at}: {text}");
-            println!("{name}, byte {at}: {text}");
+            let field = format!("jax.export artifact results[{i}]");
+            refused(changed, field, listed, module, &format!("{name}, byte {at}"));
         }
         // The file as written compiles.
         compile(bytes).unwrap();
