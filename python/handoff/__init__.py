@@ -6,8 +6,17 @@ DLPack framework.
     import handoff
     y = torch.from_dlpack(handoff.ordered(jax_out))   # any consumer that speaks __dlpack__
     x = jax.dlpack.from_dlpack(handoff.ordered(t))
+    x = handoff.to_jax(t)                               # the same, by the fastest route
+    y = handoff.to_torch(jax_out)
     handoff.stats()                                     # host syncs, waits, deferred releases
     layer = handoff.torch_function(jax_fn)              # a JAX function PyTorch trains through
+
+``handoff.to_jax(x)`` and ``handoff.to_torch(x)`` cross between PyTorch and JAX by the
+fastest route the installed frameworks offer, with the same guarantees: a torch tensor
+goes through PyTorch's DLPack C exchange API and jaxlib's own buffer functions (no
+Python ``__dlpack__`` or ``from_dlpack`` runs), anything else through
+``handoff.ordered`` and the framework's ``from_dlpack``. ``handoff.routes()`` says which
+route each direction takes and why; ``HANDOFF_ROUTE=public`` forces the public one.
 
 ``handoff.ordered(obj)`` wraps anything with ``__dlpack__`` (or only
 ``__cuda_array_interface__``). A consumer's ``from_dlpack`` gets the producer's tensor
@@ -38,8 +47,6 @@ back when the main thread runs Python again, or at ``handoff.flush()``.
 from __future__ import annotations
 
 import atexit as _atexit
-from typing import Any as _Any
-
 from ._handoff import (
     DLPACK_VERSION,
     HandoffError,
@@ -49,7 +56,10 @@ from ._handoff import (
     cuda_available,
     flush,
     ordered,
+    routes,
     stats,
+    to_jax,
+    to_torch,
 )
 from ._torch_function import TorchFunction, torch_function
 
@@ -62,6 +72,7 @@ __all__ = [
     "cuda_available",
     "flush",
     "ordered",
+    "routes",
     "stats",
     "to_jax",
     "to_torch",
@@ -75,21 +86,3 @@ __version__ = "0.1.0"
 # the main, thread; hand-offs released later, during finalization, behind a device
 # stream are released on the finalizing thread after a wait for the consumer's stream.
 _atexit.register(_shutdown)
-
-
-def to_torch(x: _Any, *, writable: bool = False) -> _Any:
-    """``torch.from_dlpack(handoff.ordered(x))``: a PyTorch tensor viewing ``x``'s memory
-    (no copy), ready on PyTorch's current stream, whose release waits for the work
-    PyTorch queued on that stream. PyTorch is imported on first use."""
-    import torch
-
-    return torch.from_dlpack(ordered(x, writable=writable))
-
-
-def to_jax(x: _Any) -> _Any:
-    """``jax.dlpack.from_dlpack(handoff.ordered(x))``: a JAX array viewing ``x``'s memory
-    (no copy where JAX can view it), ready on the stream JAX reads external data on,
-    whose release waits for the work queued there. JAX is imported on first use."""
-    import jax.dlpack
-
-    return jax.dlpack.from_dlpack(ordered(x))

@@ -1,6 +1,6 @@
 """Type hints for handoff's native module (built from Rust with pyo3)."""
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 DLPACK_VERSION: Tuple[int, int]
 """The DLPack version of the versioned capsules handoff makes."""
@@ -58,7 +58,24 @@ def flush() -> None:
 def cuda_available() -> bool:
     """Whether the CUDA driver can be used."""
 
+def to_jax(x: Any) -> Any:
+    """``jax.dlpack.from_dlpack(handoff.ordered(x))`` by the fastest route: a JAX array
+    viewing ``x``'s memory, ready on JAX's stream through a GPU wait, released in
+    stream order. A torch tensor crosses natively (``routes()``)."""
+
+def to_torch(x: Any, *, writable: bool = False) -> Any:
+    """``torch.from_dlpack(handoff.ordered(x, writable=writable))`` by the fastest
+    route: a torch tensor viewing ``x``'s memory, ready on PyTorch's current stream
+    through a GPU wait, released in stream order. A JAX array crosses natively."""
+
+def routes() -> Dict[str, Any]:
+    """The route each crossing takes (``"torch_to_jax"``, ``"jax_to_torch"``:
+    ``"native"`` or ``"public"``) and why (``"reasons"``). Imports PyTorch and JAX."""
+
 def _shutdown() -> None: ...
+def _to_jax_many(tensors: Iterable[Any]) -> List[Any]: ...
+def _to_torch_many(arrays: Iterable[Any]) -> List[Any]: ...
+def _set_route(route: str) -> None: ...
 def _mock_ordered(obj: Any, busy_us: int, *, writable: bool = False) -> Ordered: ...
 def _take_returns() -> None: ...
 def _set_deleters_on_main_thread(on: bool, *, gil: bool = True) -> None: ...

@@ -1,9 +1,9 @@
 """``handoff.torch_function``: a JAX function PyTorch can train through.
 
-The forward runs ``jax.jit`` of the function on the PyTorch tensors (handed to JAX with
-``handoff.ordered``: no copy, ready on JAX's stream through a GPU wait, given back in
-stream order), and returns PyTorch tensors viewing JAX's outputs (handed back the same
-way). When gradients are needed it runs a jitted ``jax.vjp`` instead, whose residuals
+The forward runs ``jax.jit`` of the function on the PyTorch tensors (handed to JAX as
+``handoff.to_jax`` does, all of one call at once: no copy, ready on JAX's stream
+through a GPU wait, given back in stream order), and returns PyTorch tensors viewing
+JAX's outputs (handed back the same way). When gradients are needed it runs a jitted ``jax.vjp`` instead, whose residuals
 stay JAX arrays on the autograd graph; the backward runs the jitted VJP on the
 cotangents. Both are compiled once per input signature.
 """
@@ -24,7 +24,7 @@ from typing import (
     overload,
 )
 
-from ._handoff import ordered
+from ._handoff import _to_jax_many, _to_torch_many
 
 __all__ = ["TorchFunction", "torch_function"]
 
@@ -98,8 +98,9 @@ def torch_function(
     traces of ``f``. Under ``torch.no_grad()``, or when no input
     requires grad, only the plain ``jax.jit(f)`` runs.
 
-    **Memory and streams.** Every hand-off, both ways and both passes, goes through
-    ``handoff.ordered``: tensors are made ready on the consumer's stream by a GPU wait
+    **Memory and streams.** Every hand-off, both ways and both passes, crosses as
+    ``handoff.to_jax`` / ``handoff.to_torch`` do (the fastest route, ``handoff.routes()``;
+    the tensors of one call in one native call): tensors are made ready on the consumer's stream by a GPU wait
     (no host sync), and memory read by queued kernels is given back only after they
     ran. The VJP residuals are JAX arrays owned by the autograd graph: dropped with it,
     they go back to JAX's allocator, in JAX's stream order. Outputs are PyTorch tensors
@@ -289,23 +290,22 @@ class _Entry:
             self.out_treedef = treedef
             self.out_meta = tuple((tuple(y.shape), y.dtype) for y in leaves)
             self.out_float = tuple(_is_float(jax, y.dtype) for y in leaves)
-        ptrs = {t.data_ptr() for t in inputs if t.numel()}
-        outs = []
-        for y in leaves:
-            t = _to_torch(torch, y)
-            if t.numel() and t.data_ptr() in ptrs:
-                t = t.clone()  # f returned an input: do not alias it
-            outs.append(t)
+        outs = _to_torch_many(leaves)
+        ptrs = None
+        for i, t in enumerate(outs):
+            if t.numel():
+                if ptrs is None:
+                    ptrs = {x.data_ptr() for x in inputs if x.numel()}
+                if t.data_ptr() in ptrs:
+                    outs[i] = t.clone()  # f returned an input: do not alias it
         return tuple(outs)
 
     def forward(self, tensors):
-        _, jax = _frameworks()
-        xs = [_to_jax(jax, t) for t in tensors]
+        xs = _to_jax_many(tensors)
         return self._outputs(self._fwd_plain(*xs), tensors)
 
     def forward_vjp(self, tensors):
-        _, jax = _frameworks()
-        xs = [_to_jax(jax, t) for t in tensors]
+        xs = _to_jax_many(tensors)
         out, vjp = self._fwd_vjp(
             [xs[i] for i in self.diff_idx], [xs[i] for i in self.nondiff_idx]
         )
@@ -329,11 +329,8 @@ class _Entry:
                 return vjp(jax.tree_util.tree_unflatten(treedef, full))
 
             self._bwd = jax.jit(bwd)
-        float_cts = []
-        for (shape, dtype), fl, ct in zip(self.out_meta, self.out_float, cts):
-            if not fl:
-                continue
-            float_cts.append(_to_jax(jax, ct))  # PyTorch gives zeros for unused outputs
+        # PyTorch gives zeros for unused outputs.
+        float_cts = _to_jax_many([ct for fl, ct in zip(self.out_float, cts) if fl])
         return self._bwd(vjp, float_cts)
 
 
@@ -369,25 +366,15 @@ def _function_class():
                     "(create_graph=True through a JAX function) is not supported"
                 )
             ctx.saved_tensors  # raises if an input was modified in place since
-            grads = entry.backward(ctx.vjp, cts)
+            grads = _to_torch_many(entry.backward(ctx.vjp, cts))
             result: List[Any] = [None] * len(entry.diff)
             for i, g in zip(entry.diff_idx, grads):
-                result[i] = _to_torch(torch, g)
+                result[i] = g
             return (None, *result)
 
     JaxFunction.__name__ = JaxFunction.__qualname__ = "JaxFunction"
     _FUNCTION = JaxFunction
     return JaxFunction.apply
-
-
-def _to_jax(jax, t):
-    """A PyTorch tensor to a JAX array, through handoff.ordered (no copy when dense)."""
-    return jax.dlpack.from_dlpack(ordered(t.detach().contiguous()))
-
-
-def _to_torch(torch, y):
-    """A JAX array to a PyTorch tensor, through handoff.ordered (no copy)."""
-    return torch.from_dlpack(ordered(y))
 
 
 def _is_float(jax, dtype) -> bool:

@@ -89,6 +89,13 @@ pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
     })
 }
 
+/// A producer's managed tensor taken without a capsule (PyTorch's C exchange API), as
+/// [`take`] gives one: its deleter then runs on the main thread. `managed` is non-null
+/// and owned by the caller, and so is the result.
+pub fn deleted_on_main_thread(managed: *mut DLManagedTensorVersioned) -> *mut DLManagedTensorVersioned {
+    MainThreadProxy::wrap(managed)
+}
+
 /// A managed tensor of the DLPack ABI (versioned or legacy), as the proxy needs it.
 trait ManagedAbi: Sized {
     fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)>;
@@ -204,54 +211,58 @@ struct LegacyExport {
 /// `versioned`, else a legacy `dltensor` (refused with `BufferError` for a read-only
 /// tensor, which the legacy ABI cannot mark read-only; the hand-off is released).
 pub fn export(py: Python<'_>, handoff: Handoff, versioned: bool) -> PyResult<Bound<'_, PyAny>> {
+    if versioned {
+        let managed = into_managed(handoff);
+        return new_capsule(py, managed.cast(), DLTENSOR_VERSIONED, destroy_versioned_capsule, || {
+            // SAFETY: the capsule was not made: the managed tensor is still ours.
+            unsafe { delete_versioned(managed) }
+        });
+    }
+    if handoff.is_read_only() {
+        release(handoff);
+        return Err(PyBufferError::new_err(
+            "the tensor is read-only and a legacy (pre-1.0) DLPack capsule cannot say so: \
+             ask with max_version=(1, 0) for a versioned capsule, which carries READ_ONLY",
+        ));
+    }
+    // SAFETY: as in `into_managed`.
+    let dl_tensor = unsafe { (*handoff.as_raw()).dl_tensor };
+    let export = Box::into_raw(Box::new(LegacyExport {
+        managed: DLManagedTensor { dl_tensor, manager_ctx: ptr::null_mut(), deleter: Some(delete_legacy) },
+        handoff,
+    }));
+    // SAFETY: `export` was just allocated; its context is itself.
+    unsafe { (*export).managed.manager_ctx = export.cast() };
+    let managed: *mut DLManagedTensor = export.cast();
+    new_capsule(py, managed.cast(), DLTENSOR, destroy_legacy_capsule, || {
+        // SAFETY: the capsule was not made: the managed tensor is still ours.
+        unsafe { delete_legacy(managed) }
+    })
+}
+
+/// `handoff` as a versioned managed tensor of handoff's own, for a consumer that takes
+/// one without a capsule (PyTorch's C exchange API): its deleter releases the hand-off
+/// as a capsule's would. The caller owns the result.
+pub fn into_managed(handoff: Handoff) -> *mut DLManagedTensorVersioned {
     // SAFETY: the hand-off owns its managed tensor; its fields (and the shape and
     // strides they point to, in the same allocation) live as long as the hand-off,
     // which the export below owns.
     let src = unsafe { &*handoff.as_raw() };
     let (version, flags, dl_tensor) = (src.version, src.flags, src.dl_tensor);
-    if versioned {
-        let export = Box::into_raw(Box::new(VersionedExport {
-            managed: DLManagedTensorVersioned {
-                version,
-                manager_ctx: ptr::null_mut(),
-                deleter: Some(delete_versioned),
-                flags,
-                dl_tensor,
-            },
-            handoff,
-        }));
-        // SAFETY: `export` was just allocated; its context is itself.
-        unsafe { (*export).managed.manager_ctx = export.cast() };
-        // SAFETY: `managed` is the first field of a `repr(C)` struct: the pointers agree.
-        let managed: *mut DLManagedTensorVersioned = export.cast();
-        new_capsule(py, managed.cast(), DLTENSOR_VERSIONED, destroy_versioned_capsule, || {
-            // SAFETY: the capsule was not made: the managed tensor is still ours.
-            unsafe { delete_versioned(managed) }
-        })
-    } else {
-        if handoff.is_read_only() {
-            release(handoff);
-            return Err(PyBufferError::new_err(
-                "the tensor is read-only and a legacy (pre-1.0) DLPack capsule cannot say so: \
-                 ask with max_version=(1, 0) for a versioned capsule, which carries READ_ONLY",
-            ));
-        }
-        let export = Box::into_raw(Box::new(LegacyExport {
-            managed: DLManagedTensor {
-                dl_tensor,
-                manager_ctx: ptr::null_mut(),
-                deleter: Some(delete_legacy),
-            },
-            handoff,
-        }));
-        // SAFETY: `export` was just allocated; its context is itself.
-        unsafe { (*export).managed.manager_ctx = export.cast() };
-        let managed: *mut DLManagedTensor = export.cast();
-        new_capsule(py, managed.cast(), DLTENSOR, destroy_legacy_capsule, || {
-            // SAFETY: the capsule was not made: the managed tensor is still ours.
-            unsafe { delete_legacy(managed) }
-        })
-    }
+    let export = Box::into_raw(Box::new(VersionedExport {
+        managed: DLManagedTensorVersioned {
+            version,
+            manager_ctx: ptr::null_mut(),
+            deleter: Some(delete_versioned),
+            flags,
+            dl_tensor,
+        },
+        handoff,
+    }));
+    // SAFETY: `export` was just allocated; its context is itself.
+    unsafe { (*export).managed.manager_ctx = export.cast() };
+    // `managed` is the first field of a `repr(C)` struct: the pointers agree.
+    export.cast()
 }
 
 fn new_capsule<'py>(

@@ -24,12 +24,15 @@
 
 mod cai;
 mod capsule;
+mod crossing;
 mod errors;
+mod jax_api;
 mod keep_alive;
 mod main_thread;
 mod mock;
 mod ordered;
 mod streams;
+mod torch_api;
 
 use handoff_runtime::reaper;
 use pyo3::prelude::*;
@@ -115,8 +118,15 @@ fn cuda_available(py: Python<'_>) -> bool {
 fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     main_thread::init(py)?;
+    crossing::init()?;
     m.add_class::<ordered::Ordered>()?;
     m.add_function(wrap_pyfunction!(ordered::ordered, m)?)?;
+    m.add_function(wrap_pyfunction!(crossing::to_jax, m)?)?;
+    m.add_function(wrap_pyfunction!(crossing::to_torch, m)?)?;
+    m.add_function(wrap_pyfunction!(crossing::to_jax_many, m)?)?;
+    m.add_function(wrap_pyfunction!(crossing::to_torch_many, m)?)?;
+    m.add_function(wrap_pyfunction!(crossing::routes, m)?)?;
+    m.add_function(wrap_pyfunction!(crossing::set_route, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(flush, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;

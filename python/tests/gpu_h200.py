@@ -9,14 +9,36 @@ with every thread's traceback) after ``HANDOFF_GPU_TIMEOUT`` seconds (default 48
 
 Figures:
 
-- ``drop_hazard``: the issue's scenario, 20 trials per direction, 16,777,216-element
+- ``routes``: ``handoff.routes()`` (the route each crossing takes here, and why); ``null``
+  with a wheel before native crossings, whose ``to_torch``/``to_jax`` are the public
+  route. Each route is tested below: ``native`` through ``handoff._handoff._set_route("auto")``
+  where ``routes()`` says native, ``public`` through ``_set_route("public")``.
+  ``HANDOFF_REQUIRE_NATIVE=1`` fails the run where a direction is not native.
+- ``drop_hazard``: the issue's scenario, 20 trials per direction and variant, 16,777,216-element
   f32 arrays. JAX -> PyTorch: JAX's producer ~50 ms of work; PyTorch's read (on a
   pool stream, non-blocking) queued behind ~50 ms of PyTorch work; both owners deleted;
-  JAX then allocates and overwrites same-size arrays. With ``handoff.ordered`` every
+  JAX then allocates and overwrites same-size arrays. Through ``handoff.ordered``
+  (``handoff_right``) and ``handoff.to_torch`` on each route (``route_right``) every
   trial must be right; the plain ``torch.from_dlpack(jax_out)`` control, in the same
-  run, must corrupt at least one (else the scenario proves nothing). PyTorch -> JAX
-  the same way (PyTorch's producer behind ~50 ms, JAX's read behind ~50 ms of JAX work,
-  PyTorch reallocating), its control reported as it comes.
+  run, must corrupt at least one (else the scenario proves nothing). PyTorch -> JAX the
+  same way (PyTorch's producer behind ~50 ms, JAX's read behind ~50 ms of JAX work,
+  PyTorch reallocating the tensor's memory and writing -1 on its stream), through
+  ``handoff.ordered`` and ``handoff.to_jax`` on each route; plain
+  ``jax.dlpack.from_dlpack(t)`` reported as it comes (PJRT calls PyTorch's deleter only
+  after the queued execution: 0 wrong on the H200 so far), and the control that must
+  corrupt (``unowned_wrong``): the same call on a capsule that does not keep the tensor
+  alive (PyTorch's own stream wait, a deleter that frees only the capsule's struct),
+  i.e. the release not ordered after JAX's work.
+- ``ordering``: per direction and route, 20 trials with ~50 ms queued before the
+  producer's write (JAX -> PyTorch: JAX's busy program writes the array, PyTorch reads
+  it on a pool stream right after ``handoff.to_torch``; PyTorch -> JAX: the write queued
+  behind ~50 ms on a pool stream, JAX reads it right after ``handoff.to_jax``): every
+  read right, every call under 10 ms, a PyTorch event recorded on the pool stream after
+  the call still pending (the wait is on the GPU), 0 host syncs. The control of each
+  direction leaves the wait out and must read stale data at least once, else the test
+  proves nothing: JAX ordering another, idle PyTorch stream instead of the reader's
+  (``torch.from_dlpack`` of the array with the stream replaced), and PyTorch asked for
+  no synchronization (``stream=-1``) under ``jax.dlpack.from_dlpack``.
 - ``cuda_array_interface``: an object exposing only ``__cuda_array_interface__`` v3
   (PyTorch memory written on a producer stream): ordered with a GPU wait, kept alive
   until the consumer's work is done (20 trials under churn), ``readonly`` honored.
@@ -27,7 +49,9 @@ Figures:
   interleaved in the same run.
 """
 
+import ctypes
 import faulthandler
+import itertools
 import json
 import os
 import statistics
@@ -159,57 +183,185 @@ def main():
     )
     busy = eye
 
-    # ---- the drop hazard, JAX -> PyTorch --------------------------------------------
-    def jax_to_torch(k, ordered):
+    # ---- routes ------------------------------------------------------------------------
+    routes, route_names, use_route = route_setup(handoff)
+    emit(figure="routes", routes=routes, tested=route_names, route_env=os.environ.get("HANDOFF_ROUTE"))
+    if os.environ.get("HANDOFF_REQUIRE_NATIVE") == "1":
+        for direction, names in route_names.items():
+            check("native" in names, f"{direction}: no native route here (HANDOFF_REQUIRE_NATIVE=1): {routes}")
+    # First use of each route (imports, lookups) outside the timed calls, values checked.
+    with torch.cuda.stream(side):
+        for r in route_names["jax->torch"]:
+            use_route(r)
+            y = handoff.to_torch(jnp.arange(4, dtype=jnp.float32))
+            check(y.tolist() == [0.0, 1.0, 2.0, 3.0], f"jax->torch {r}: warm-up values")
+        for r in route_names["torch->jax"]:
+            use_route(r)
+            x = handoff.to_jax(torch.arange(4, dtype=torch.float32, device="cuda"))
+            check(x.tolist() == [0.0, 1.0, 2.0, 3.0], f"torch->jax {r}: warm-up values")
+    side.synchronize()
+    del y, x
+    use_route(None)
+    keys = itertools.count(3)  # a value no earlier trial wrote: a stale read cannot look right
+
+    # ---- the drop hazard ----------------------------------------------------------------
+    def jax_to_torch(k, view):
         with torch.cuda.stream(side):
             jax_out = produce(jnp.float32(k), busy)  # JAX: ~50 ms queued
-            src = handoff.ordered(jax_out) if ordered else jax_out
-            y = torch.from_dlpack(src)  # side waits for JAX on the GPU
+            y = view(jax_out)  # side waits for JAX on the GPU
             torch.cuda._sleep(sleep_cycles)  # the read queued behind ~50 ms of torch work
             z = y * 2
-            del y, jax_out, src  # both owners let go
+            del y, jax_out  # both owners let go
             churn = [fill(jnp.float32(-1.0)) for _ in range(CHURN)]  # JAX reuses memory
         side.synchronize()
         for c in churn:
             c.block_until_ready()
         return int((z != 2 * k).sum().item())
 
-    def torch_to_jax(k, ordered):
+    def torch_to_jax(k, view):
         with torch.cuda.stream(side):
             torch.cuda._sleep(sleep_cycles)  # torch: ~50 ms queued before the write
             t = torch.full((N,), float(k), device="cuda")
-            src = handoff.ordered(t) if ordered else t
-            x = jax.dlpack.from_dlpack(src)  # JAX's stream waits for side on the GPU
+            x = view(t)  # JAX's stream waits for side on the GPU
             w = consume(x, busy)  # JAX reads x behind ~50 ms of JAX work
-            del x, t, src  # both owners let go
+            del x, t  # both owners let go
             churn = [torch.full((N,), -1.0, device="cuda") for _ in range(CHURN)]  # torch reuses
         w.block_until_ready()
         side.synchronize()
         del churn
         return int(jnp.sum(w != 2 * k))
 
-    for direction, trial in (("jax->torch", jax_to_torch), ("torch->jax", torch_to_jax)):
-        wrong = {True: [], False: []}
+    hazards = (
+        ("jax->torch", jax_to_torch, [
+            ("ordered", None, lambda a: torch.from_dlpack(handoff.ordered(a))),
+            *[(r, r, handoff.to_torch) for r in route_names["jax->torch"]],
+            ("plain", None, torch.from_dlpack),
+        ]),
+        ("torch->jax", torch_to_jax, [
+            ("ordered", None, lambda t: jax.dlpack.from_dlpack(handoff.ordered(t))),
+            *[(r, r, handoff.to_jax) for r in route_names["torch->jax"]],
+            ("plain", None, jax.dlpack.from_dlpack),
+            ("unowned", None, lambda t: jax.dlpack.from_dlpack(Unowned(t))),
+        ]),
+    )
+    for direction, trial, variants in hazards:
+        wrong = {name: [] for name, _, _ in variants}
         t0 = time.perf_counter()
-        for i in range(TRIALS):
-            for ordered in (True, False):
-                wrong[ordered].append(trial(float(i + 3), ordered))
-        bad_ordered = sum(1 for w in wrong[True] if w)
-        bad_plain = sum(1 for w in wrong[False] if w)
+        for _ in range(TRIALS):
+            for name, r, view in variants:
+                if r is not None:
+                    use_route(r)
+                wrong[name].append(trial(float(next(keys)), view))
+        use_route(None)
+
+        def right(name):
+            return TRIALS - sum(1 for w in wrong[name] if w) if name in wrong else None
+
+        bad_plain = sum(1 for w in wrong["plain"] if w)
+        fields = {}
+        if "unowned" in wrong:
+            fields = {"unowned_wrong": TRIALS - right("unowned"), "unowned_wrong_elements_max": max(wrong["unowned"])}
         emit(
             figure="drop_hazard",
             direction=direction,
             consumer="torch pool stream" if direction == "jax->torch" else "jax",
             elements=N,
             trials=TRIALS,
-            handoff_right=TRIALS - bad_ordered,
+            handoff_right=right("ordered"),
+            route_right={r: right(r) for r in ("native", "public")},
             plain_wrong=bad_plain,
-            plain_wrong_elements_max=max(wrong[False]),
+            plain_wrong_elements_max=max(wrong["plain"]),
+            **fields,
             seconds=round(time.perf_counter() - t0, 1),
         )
-        check(bad_ordered == 0, f"{direction}: handoff.ordered wrong in {bad_ordered} of {TRIALS} trials")
+        check(right("ordered") == TRIALS,
+              f"{direction}: handoff.ordered wrong in {TRIALS - right('ordered')} of {TRIALS} trials")
+        for r in route_names[direction]:
+            check(right(r) == TRIALS, f"{direction}: the {r} route wrong in {TRIALS - right(r)} of {TRIALS} trials")
         if direction == "jax->torch":
             check(bad_plain > 0, f"{direction}: the plain control never corrupted: the scenario proves nothing")
+        else:
+            check(right("unowned") < TRIALS,
+                  f"{direction}: the unowned control never corrupted: the scenario proves nothing")
+
+    # ---- ordering per route: ~50 ms queued before the producer's write -------------------
+    double = jax.jit(lambda v: v * 2.0)
+    double(jnp.ones((N,), jnp.float32)).block_until_ready()
+    decoy = torch.cuda.Stream()  # idle; nobody reads on it
+
+    def ready_jax_to_torch(k, view):
+        """JAX writes the array at the end of ~50 ms of JAX work; PyTorch reads it on
+        `side` right after the call."""
+        a = produce(jnp.float32(k), busy)
+        with torch.cuda.stream(side):
+            t0 = time.perf_counter()
+            y = view(a)
+            dt = time.perf_counter() - t0
+            after = torch.cuda.Event()
+            after.record(side)  # behind the GPU wait for JAX's write, where there is one
+            gpu_busy = not after.query()
+            z = y * 2
+        side.synchronize()
+        a.block_until_ready()
+        return int((z != 2 * k).sum().item()), dt, gpu_busy
+
+    def ready_torch_to_jax(k, view):
+        """PyTorch writes the tensor behind ~50 ms of work on `side`; JAX reads it right
+        after the call."""
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(sleep_cycles)
+            t = torch.full((N,), float(k), device="cuda")
+            t0 = time.perf_counter()
+            x = view(t)
+            dt = time.perf_counter() - t0
+            after = torch.cuda.Event()
+            after.record(side)  # behind the ~50 ms: pending unless the call waited for it
+            gpu_busy = not after.query()
+        w = double(x)
+        wrong = int(jnp.sum(w != 2 * k))
+        side.synchronize()
+        return wrong, dt, gpu_busy
+
+    orderings = (
+        ("jax->torch", ready_jax_to_torch, [
+            *[(r, "handoff.to_torch(jax_array)", r, handoff.to_torch) for r in route_names["jax->torch"]],
+            ("control", "torch.from_dlpack(jax_array), JAX ordering an idle stream, not the reader's", None,
+             lambda a: torch.from_dlpack(Relay(a, decoy.cuda_stream))),
+        ]),
+        ("torch->jax", ready_torch_to_jax, [
+            *[(r, "handoff.to_jax(torch_tensor)", r, handoff.to_jax) for r in route_names["torch->jax"]],
+            ("control", "jax.dlpack.from_dlpack(torch_tensor), PyTorch asked for no sync (stream=-1)", None,
+             lambda t: jax.dlpack.from_dlpack(Relay(t, -1))),
+        ]),
+    )
+    for direction, trial, variants in orderings:
+        res = {name: {"stale": 0, "max_call_s": 0.0, "gpu_busy": 0, "host_syncs": 0} for name, *_ in variants}
+        for _ in range(TRIALS):
+            for name, _call, r, view in variants:
+                if r is not None:
+                    use_route(r)
+                syncs = handoff.stats()["host_syncs"]
+                wrong, dt, gpu_busy = trial(float(next(keys)), view)
+                got = res[name]
+                got["host_syncs"] += handoff.stats()["host_syncs"] - syncs
+                got["stale"] += int(wrong > 0)
+                got["max_call_s"] = max(got["max_call_s"], dt)
+                got["gpu_busy"] += int(gpu_busy)
+        use_route(None)
+        for name, call, r, _view in variants:
+            got = res[name]
+            emit(figure="ordering", direction=direction, call=call, route=r, queued_ms=QUEUED_MS, elements=N,
+                 trials=TRIALS, right=TRIALS - got["stale"], stale=got["stale"],
+                 max_call_ms=round(got["max_call_s"] * 1e3, 3), gpu_busy_after=got["gpu_busy"],
+                 host_syncs=got["host_syncs"])
+            if r is None:
+                check(got["stale"] > 0, f"{direction}: the control never read stale data: the scenario proves nothing")
+                continue
+            what = f"{direction} {r} route"
+            check(got["stale"] == 0, f"{what}: stale in {got['stale']} of {TRIALS} trials")
+            check(got["max_call_s"] * 1e3 < QUEUED_MS / 5, f"{what}: a call took {got['max_call_s'] * 1e3:.1f} ms")
+            check(got["gpu_busy"] == TRIALS, f"{what}: the GPU was idle after {TRIALS - got['gpu_busy']} calls")
+            check(got["host_syncs"] == 0, f"{what}: {got['host_syncs']} host syncs counted")
 
     # ---- __cuda_array_interface__ only ------------------------------------------------
     class CudaArray:
@@ -353,6 +505,121 @@ def main():
          pending_after_flush=final["pending"])
     check(final["pending"] == 0, "releases pending after flush")
     check(final["releases_leaked"] == start_stats["releases_leaked"], "releases leaked")
+
+
+def route_setup(handoff):
+    """The routes to test per direction and a switch between them: ``(routes, {direction:
+    [route, ...]}, use)``; ``use(route)`` makes ``handoff.to_torch``/``to_jax`` take
+    ``route``, ``use(None)`` goes back to the process's own setting. A wheel without
+    ``routes()`` has the public route only (its ``to_torch``/``to_jax`` are
+    ``from_dlpack(handoff.ordered(x))``)."""
+    from handoff import _handoff
+
+    set_route = getattr(_handoff, "_set_route", None)
+    routes_fn = getattr(handoff, "routes", None)
+    if set_route is None or routes_fn is None:
+        return None, {"jax->torch": ["public"], "torch->jax": ["public"]}, lambda route: None
+    initial = "public" if os.environ.get("HANDOFF_ROUTE") == "public" else "auto"
+    set_route(initial)
+    routes = routes_fn()
+    names = {
+        "jax->torch": (["native"] if routes.get("jax_to_torch") == "native" else []) + ["public"],
+        "torch->jax": (["native"] if routes.get("torch_to_jax") == "native" else []) + ["public"],
+    }
+
+    def use(route):
+        set_route({None: initial, "native": "auto", "public": "public"}[route])
+
+    return routes, names, use
+
+
+class Relay:
+    """``obj``'s DLPack export with the consumer's stream replaced by ``stream`` (a
+    control: the producer orders that stream, or none for ``-1``, not the one the
+    consumer reads on)."""
+
+    def __init__(self, obj, stream):
+        self._obj, self._stream = obj, stream
+
+    def __dlpack_device__(self):
+        return self._obj.__dlpack_device__()
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self._obj.__dlpack__(stream=self._stream, **kwargs)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_libc = ctypes.CDLL(None)
+_libc.malloc.restype = ctypes.c_void_p
+_libc.malloc.argtypes = [ctypes.c_size_t]
+_FREE = ctypes.cast(_libc.free, ctypes.c_void_p).value
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_DLTENSOR = b"dltensor"  # a capsule's name must outlive it: a module constant
+
+
+class Unowned:
+    """A CUDA f32 torch tensor's DLPack export that does not keep the tensor alive (the
+    lifetime control): PyTorch makes the consumer's stream wait for its current stream as
+    in ``t.__dlpack__(stream=...)``, but the capsule's managed tensor is a malloc'd
+    struct whose deleter (libc ``free``, no GIL needed) frees only itself. The tensor's
+    memory goes back to PyTorch's allocator when the tensor object dies, while the
+    consumer's work on it may still be queued."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+    def __dlpack__(self, stream=None, **_kwargs):
+        t, self._t = self._t, None
+        assert t.dtype.is_floating_point and t.element_size() == 4 and t.is_cuda
+        waited = t.__dlpack__(stream=stream)  # PyTorch's wait; dropped unconsumed: no reference kept
+        del waited
+        nd = t.dim()
+        head = ctypes.sizeof(_DLManagedTensor)
+        p = _libc.malloc(head + 16 * nd)
+        dims = (ctypes.c_int64 * (2 * nd)).from_address(p + head)
+        dims[:nd] = list(t.shape)
+        dims[nd:] = list(t.stride())
+        mt = _DLManagedTensor.from_address(p)
+        mt.dl_tensor = _DLTensor(
+            t.data_ptr(),
+            _DLDevice(2, t.device.index or 0),  # kDLCUDA
+            nd,
+            _DLDataType(2, 32, 1),  # float32
+            ctypes.cast(p + head, ctypes.POINTER(ctypes.c_int64)),
+            ctypes.cast(p + head + 8 * nd, ctypes.POINTER(ctypes.c_int64)),
+            0,
+        )
+        mt.manager_ctx = None
+        mt.deleter = _FREE  # JAX calls it when its view dies (a NULL deleter aborts jaxlib)
+        return _capsule_new(p, _DLTENSOR, None)
 
 
 def _capsule_flags(capsule):

@@ -30,6 +30,15 @@ def _torch():
 torch = _torch()
 
 
+@pytest.fixture(autouse=True, params=["auto", "public"])
+def route(request):
+    """Every test runs on both routes of the crossings (``handoff.routes()``): the native
+    one (where the frameworks offer it) and the public one."""
+    handoff._handoff._set_route(request.param)
+    yield request.param
+    handoff._handoff._set_route("auto")
+
+
 @pytest.fixture
 def x64():
     """JAX's x64 mode for one test (thread-local; restored after)."""
@@ -304,9 +313,9 @@ def test_output_modified_in_place_leaves_the_residuals_alone():
     torch.testing.assert_close(x.grad, 1 - torch.tanh(x.detach()) ** 2)
 
 
-def test_the_training_comparison_runs_on_the_cpu():
-    """bench/train_three_way.py (the GPU comparison) in its CPU mode, small: its
-    gradient checks pass and it prints its figures and table."""
+def test_the_training_comparison_runs_on_the_cpu(route):
+    """bench/train_three_way.py (the GPU comparison) in its CPU mode, small, on each
+    route: its gradient checks pass and it prints its figures and table."""
     import json
     import os
     import subprocess
@@ -315,8 +324,9 @@ def test_the_training_comparison_runs_on_the_cpu():
     script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "train_three_way.py")
     args = ["--device", "cpu", "--sizes", "16x32", "--dtypes", "f32", "bf16"]
     args += ["--variants", "torch", "handoff", "--warmup", "1", "--steps", "2", "--reps", "1"]
+    env = {**os.environ, "HANDOFF_ROUTE": route}
     r = subprocess.run(
-        [sys.executable, script, *args], capture_output=True, text=True, timeout=300
+        [sys.executable, script, *args], capture_output=True, text=True, timeout=300, env=env
     )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]

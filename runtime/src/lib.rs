@@ -62,7 +62,7 @@ pub mod ffi {
     pub use dlpark::DlpackFlags;
     pub use dlpark::ffi::{
         DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
-        DLPackVersion, DLTensor,
+        DLPackExchangeAPI, DLPackExchangeAPIHeader, DLPackVersion, DLTensor,
     };
 }
 

@@ -1,0 +1,337 @@
+//! `handoff.to_jax` and `handoff.to_torch`: each crossing takes the fastest route the
+//! installed frameworks offer, with the same guarantees on every route.
+//!
+//! - **native**: a torch tensor goes to JAX through PyTorch's C exchange API
+//!   ([`crate::torch_api`]) and jaxlib's `dlpack_managed_tensor_to_buffer`; a JAX array
+//!   comes to PyTorch through jaxlib's `buffer_to_dlpack_managed_tensor` and PyTorch's
+//!   C exchange API. No Python `__dlpack__`, `from_dlpack` or stream query runs.
+//! - **public**: `jax.dlpack.from_dlpack(handoff.ordered(x))` and
+//!   `torch.from_dlpack(handoff.ordered(x))`, for every other producer, for a case the
+//!   native route leaves to the producer (a torch tensor that requires grad: PyTorch's
+//!   own error), where an entry point is missing or differs, or when forced
+//!   (`HANDOFF_ROUTE=public`, or `_set_route("public")`).
+//!
+//! Both do what `handoff.ordered` does: the producer's data is made ready on the
+//! consumer's stream by a GPU wait (PyTorch's current stream → JAX's ready stream, or
+//! JAX's buffer → PyTorch's current stream), the producer's memory is given back only
+//! after the work queued on the consumer's stream before the release, the producer's
+//! tensor is validated and its deleter runs once, on the main thread. The results are
+//! the same, dtype for dtype (`tests/test_routes.py` compares them): a 64-bit tensor
+//! becomes a 32-bit JAX array when x64 mode is off, as `jax.dlpack.from_dlpack` does.
+
+use crate::capsule::{self, Taken};
+use crate::errors;
+use crate::jax_api::{Jax, Ready};
+use crate::ordered::Ordered;
+use crate::torch_api::Torch;
+use handoff_runtime::ffi::{DLDataTypeCode, DLDevice, DLDeviceType};
+use handoff_runtime::{Access, Device, Handoff, Stream, cuda};
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set when the public route is forced (`HANDOFF_ROUTE=public`, `_set_route`).
+static PUBLIC_ONLY: AtomicBool = AtomicBool::new(false);
+
+/// Reads `HANDOFF_ROUTE` (`auto`, the default, or `public`) at import.
+pub fn init() -> PyResult<()> {
+    match std::env::var("HANDOFF_ROUTE").as_deref() {
+        Err(_) | Ok("" | "auto") => Ok(()),
+        Ok("public") => {
+            PUBLIC_ONLY.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+        Ok(other) => Err(PyValueError::new_err(format!(
+            "HANDOFF_ROUTE={other:?}: expected \"auto\" (the fastest route) or \"public\""
+        ))),
+    }
+}
+
+/// Tests and benchmarks: `"public"` forces the public route of every crossing in this
+/// process, `"auto"` takes the fastest again.
+#[pyfunction(name = "_set_route")]
+pub fn set_route(route: &str) -> PyResult<()> {
+    let public = match route {
+        "auto" => false,
+        "public" => true,
+        _ => return Err(PyValueError::new_err(format!("route {route:?}: expected \"auto\" or \"public\""))),
+    };
+    PUBLIC_ONLY.store(public, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The route each crossing takes in this process, and why: `{"torch_to_jax":
+/// "native" | "public", "jax_to_torch": ..., "reasons": {"torch": ..., "jax": ...,
+/// "forced": ...}}`. Imports PyTorch and JAX.
+#[pyfunction]
+pub fn routes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let torch = Torch::get(py, true)?.expect("imported");
+    let jax = Jax::get(py)?;
+    let forced = PUBLIC_ONLY.load(Ordering::Relaxed);
+    let route = if torch.is_ok() && jax.is_ok() && !forced { "native" } else { "public" };
+    let reasons = PyDict::new(py);
+    reasons.set_item("torch", torch.as_ref().map_or_else(Clone::clone, |t| t.found.clone()))?;
+    reasons.set_item("jax", jax.as_ref().map_or_else(Clone::clone, |j| j.found.clone()))?;
+    reasons.set_item(
+        "forced",
+        if forced { "the public route is forced (HANDOFF_ROUTE=public or _set_route)" } else { "no" },
+    )?;
+    let d = PyDict::new(py);
+    d.set_item("torch_to_jax", route)?;
+    d.set_item("jax_to_torch", route)?;
+    d.set_item("reasons", reasons)?;
+    Ok(d)
+}
+
+/// The public route: the frameworks' `from_dlpack` (looked up once) of `handoff.ordered(x)`.
+struct Public;
+
+static JAX_FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static TORCH_FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+impl Public {
+    /// `jax.dlpack.from_dlpack(handoff.ordered(x))`.
+    fn to_jax<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = x.py();
+        let f = JAX_FROM_DLPACK.import(py, "jax.dlpack", "from_dlpack")?;
+        f.call1((Ordered::new(x, false, None)?,))
+    }
+
+    /// `torch.from_dlpack(handoff.ordered(x, writable=...))`.
+    fn to_torch<'py>(x: &Bound<'py, PyAny>, access: Access) -> PyResult<Bound<'py, PyAny>> {
+        let py = x.py();
+        let f = TORCH_FROM_DLPACK.import(py, "torch", "from_dlpack")?;
+        f.call1((Ordered::new(x, access == Access::Write, None)?,))
+    }
+}
+
+/// The native route's frameworks, when it can be taken.
+fn native_to_jax(py: Python<'_>) -> PyResult<Option<(&'static Torch, &'static Jax)>> {
+    if PUBLIC_ONLY.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    let Some(Ok(torch)) = Torch::get(py, false)? else { return Ok(None) };
+    let Ok(jax) = Jax::get(py)? else { return Ok(None) };
+    Ok(Some((torch, jax)))
+}
+
+fn native_to_torch(py: Python<'_>) -> PyResult<Option<(&'static Torch, &'static Jax)>> {
+    if PUBLIC_ONLY.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    let Some(Ok(jax)) = Jax::if_imported(py)? else { return Ok(None) };
+    let Some(Ok(torch)) = Torch::get(py, true)? else { return Ok(None) };
+    Ok(Some((torch, jax)))
+}
+
+/// `jax.dlpack.from_dlpack(handoff.ordered(x))`, by the fastest route: a JAX array
+/// viewing `x`'s memory (no copy where JAX can view it), ready on the stream JAX reads
+/// external data on through a GPU wait, whose release waits for the work queued there.
+/// A torch tensor crosses natively (see `handoff.routes()`); anything with
+/// `__dlpack__` or `__cuda_array_interface__` crosses through `handoff.ordered`.
+///
+/// ```python
+/// x = handoff.to_jax(torch.ones(3, device="cuda"))
+/// ```
+#[pyfunction]
+pub fn to_jax<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let mut order = OrderOnce::default();
+    match native_to_jax(x.py())? {
+        Some((torch, jax)) if torch.is_tensor(x) => ToJax { torch, jax, detached: false }.one(x, &mut order),
+        _ => Public::to_jax(x),
+    }
+}
+
+/// `[to_jax(t.detach().contiguous()) for t in tensors]` for `handoff.torch_function`:
+/// the tensors of one call (on one device) cross in one call, ordered by one GPU wait.
+#[pyfunction(name = "_to_jax_many")]
+pub fn to_jax_many<'py>(py: Python<'py>, tensors: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    let native = native_to_jax(py)?;
+    let mut order = OrderOnce::default();
+    let out = PyList::empty(py);
+    for t in tensors.try_iter()? {
+        let t = t?;
+        let y = match native {
+            Some((torch, jax)) if torch.is_tensor(&t) => {
+                ToJax { torch, jax, detached: true }.one(&t, &mut order)?
+            }
+            _ => Public::to_jax(
+                &t.call_method0(intern!(py, "detach"))?.call_method0(intern!(py, "contiguous"))?,
+            )?,
+        };
+        out.append(y)?;
+    }
+    Ok(out)
+}
+
+/// `torch.from_dlpack(handoff.ordered(x, writable=writable))`, by the fastest route: a
+/// torch tensor viewing `x`'s memory (no copy), ready on PyTorch's current stream
+/// through a GPU wait, whose release waits for the work PyTorch queued on that stream.
+/// A JAX array crosses natively (see `handoff.routes()`); anything with `__dlpack__`
+/// or `__cuda_array_interface__` crosses through `handoff.ordered`.
+///
+/// ```python
+/// t = handoff.to_torch(jax.numpy.ones(3))
+/// ```
+#[pyfunction]
+#[pyo3(signature = (x, *, writable = false))]
+pub fn to_torch<'py>(x: &Bound<'py, PyAny>, writable: bool) -> PyResult<Bound<'py, PyAny>> {
+    let access = if writable { Access::Write } else { Access::Read };
+    if let Some((torch, jax)) = native_to_torch(x.py())?
+        && jax.is_array(x)
+        && let Some(t) = jax_to_torch(torch, jax, x, access)?
+    {
+        return Ok(t);
+    }
+    Public::to_torch(x, access)
+}
+
+/// `[to_torch(a) for a in arrays]`, in one call (`handoff.torch_function`).
+#[pyfunction(name = "_to_torch_many")]
+pub fn to_torch_many<'py>(py: Python<'py>, arrays: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    let native = native_to_torch(py)?;
+    let out = PyList::empty(py);
+    for a in arrays.try_iter()? {
+        let a = a?;
+        let t = match native {
+            Some((torch, jax)) if jax.is_array(&a) => match jax_to_torch(torch, jax, &a, Access::Read)? {
+                Some(t) => t,
+                None => Public::to_torch(&a, Access::Read)?,
+            },
+            _ => Public::to_torch(&a, Access::Read)?,
+        };
+        out.append(t)?;
+    }
+    Ok(out)
+}
+
+/// Orders PyTorch's stream before JAX's once per call of several crossings: one wait
+/// covers every tensor written on the producer's stream so far.
+#[derive(Default)]
+struct OrderOnce {
+    done: Option<(Stream, Stream)>,
+}
+
+impl OrderOnce {
+    fn order(&mut self, producer: &Stream, consumer: &Stream) -> PyResult<()> {
+        if self.done.as_ref().is_some_and(|(p, c)| p == producer && c == consumer) {
+            return Ok(());
+        }
+        handoff_runtime::order(Some(producer), consumer).map_err(errors::to_py)?;
+        self.done = Some((producer.clone(), consumer.clone()));
+        Ok(())
+    }
+}
+
+/// The native route from PyTorch to JAX.
+struct ToJax {
+    torch: &'static Torch,
+    jax: &'static Jax,
+    /// Export the tensor as `t.detach().contiguous()` would be (`torch_function`).
+    detached: bool,
+}
+
+impl ToJax {
+    fn one<'py>(&self, t: &Bound<'py, PyAny>, order: &mut OrderOnce) -> PyResult<Bound<'py, PyAny>> {
+        let py = t.py();
+        if self.detached && !t.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
+            let dense = t.call_method0(intern!(py, "detach"))?.call_method0(intern!(py, "contiguous"))?;
+            return self.one(&dense, order);
+        }
+        let Some(exported) = self.torch.export(t, self.detached)? else {
+            return Public::to_jax(t); // PyTorch's own error, or a tensor it exports its own way
+        };
+        let dl = exported.device();
+        let Some((device, ready)) = self.jax.device(py, dl)? else {
+            drop(exported);
+            return Public::to_jax(t);
+        };
+        let consumer = match &ready {
+            Some(Ready { stream, .. }) => {
+                let producer = self.torch_stream(py, dl)?;
+                order.order(&producer, stream)?;
+                stream.clone()
+            }
+            None => Stream::host(),
+        };
+        let raw = capsule::deleted_on_main_thread(exported.into_raw());
+        // SAFETY: an owned managed tensor of PyTorch's, behind the main-thread proxy;
+        // `from_raw` validates it and calls its deleter once on every path.
+        let handoff = unsafe { Handoff::from_raw(raw, &consumer, Access::Read) }.map_err(errors::to_py)?;
+        let wide = wide_dtype(&handoff);
+        // JAX takes legacy capsules only (as its `from_dlpack` asks for).
+        let capsule = capsule::export(py, handoff, false)?;
+        let array = self.jax.call_to_buffer(
+            py,
+            &capsule,
+            device.bind(py),
+            ready.as_ref().map(|r| r.raw),
+            dl.device_type,
+        )?;
+        if wide { self.jax.canonical(array) } else { Ok(array) }
+    }
+
+    fn torch_stream(&self, py: Python<'_>, dl: DLDevice) -> PyResult<Stream> {
+        stream_of(self.torch.current_stream(py, dl)?, dl)
+    }
+}
+
+/// A 64-bit element type, which JAX converts to 32 bits when x64 mode is off.
+fn wide_dtype(handoff: &Handoff) -> bool {
+    let dtype = handoff.dtype();
+    dtype.bits == 64 && dtype.code != DLDataTypeCode::COMPLEX || dtype.bits == 128
+}
+
+/// The CUDA stream `raw` of `dl`'s device.
+fn stream_of(raw: u64, dl: DLDevice) -> PyResult<Stream> {
+    let ordinal = u32::try_from(dl.device_id).unwrap_or(u32::MAX);
+    // SAFETY: PyTorch's current stream of that device, on its primary context; PyTorch
+    // keeps its streams for the process's life (pool streams are never destroyed, and a
+    // user's `torch.cuda.Stream` is alive while it is current).
+    unsafe { cuda::stream(ordinal, raw) }.map_err(errors::to_py)
+}
+
+/// The native route from JAX to PyTorch; `None` where it leaves `a` to the public
+/// route (an array over several devices, pinned host memory, another platform).
+fn jax_to_torch<'py>(
+    torch: &Torch,
+    jax: &Jax,
+    a: &Bound<'py, PyAny>,
+    access: Access,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = a.py();
+    let Some((dl, _)) = jax.device_of(a)? else { return Ok(None) };
+    let (consumer, stream) = if dl.device_type == DLDeviceType::CUDA {
+        let raw = torch.current_stream(py, dl)?;
+        // As `torch.from_dlpack` names PyTorch's current stream to the producer.
+        (stream_of(raw, dl)?, Some(if raw == 0 { 1 } else { raw }))
+    } else {
+        (Stream::host(), None)
+    };
+    let Ok(capsule) = jax.call_from_buffer(a, stream) else {
+        return Ok(None); // a deleted array: the public route raises JAX's own error
+    };
+    let taken = capsule::take(&capsule)?;
+    // SAFETY: `take` gave us the producer's managed tensor (behind the main-thread
+    // proxy); `from_raw*` validates it and calls its deleter once on every path.
+    let handoff = unsafe {
+        match taken {
+            Taken::Versioned(p) => Handoff::from_raw(p, &consumer, access),
+            Taken::Legacy(p) => Handoff::from_raw_legacy(p, &consumer, access),
+        }
+    }
+    .map_err(errors::to_py)?;
+    let expected = Device::from_dlpack(dl).map_err(|e| errors::to_py(e.into()))?;
+    if handoff.device() != expected {
+        return Err(PyBufferError::new_err(format!(
+            "jaxlib gave a tensor on {}, but the array is on {expected}",
+            handoff.device()
+        )));
+    }
+    // SAFETY: handoff's own managed tensor, validated, on a device PyTorch supports
+    // (CPU or CUDA); PyTorch takes it over.
+    unsafe { torch.import(py, capsule::into_managed(handoff)) }.map(Some)
+}
