@@ -1,44 +1,57 @@
 #!/usr/bin/env python3
-"""Host cost of ``handoff.ordered`` (issue 32): how much a hand-off through
-``handoff.ordered`` adds to a plain ``from_dlpack``, both directions, in one process.
+"""Host cost of a PyTorch <-> JAX hand-off from Python: handoff's routes beside the
+frameworks' own calls, both directions, in one process (issues 32 and 38).
 
 ::
 
-    python bench/python_host_cost.py                 # CUDA (the GPU machine); skips without one
-    python bench/python_host_cost.py --device cpu    # the same measurement on the CPU
+    python bench/python_host_cost.py                  # CUDA when usable, else the CPU
+    python bench/python_host_cost.py --device cpu --n 2000 --rounds 1
 
-For each direction (``jax->torch``: ``torch.from_dlpack(x)``, ``torch->jax``:
-``jax.dlpack.from_dlpack(t)``) and each round, ``--calls`` calls of the plain exchange, as
-many through ``handoff.ordered``, and as many through ``handoff.ordered`` after
-``handoff._handoff._take_returns()`` (``added_taking_returns_us``: what consumers let go
-of on their own threads dropped by this thread at its next hand-off, instead of by the
-reaper's thread; a diagnostic, in a second loop beside plain again), and, ``torch->jax``
-only, as many through ``handoff.ordered`` with ``handoff._handoff._set_deleters_on_main_thread(False)``
-(``added_releasing_thread_us``: PyTorch's deleter run on the thread that releases the
-hand-off, with the GIL taken there, instead of queued as a pending call for the main
-thread; ``added_releasing_thread_nogil_us``: the same without taking the GIL, as the plain
-call has JAX call it; each in a loop of its own beside plain, the switch set back after;
-never for ``jax->torch``, whose producer's deleter must run on the main thread), in turns
-(which goes first changes from turn to turn), on a ``--size``² f32 tensor, after 300
-warm-up turns. Each call is timed
-with ``time.perf_counter_ns`` twice: ``call`` (the exchange alone; the result is dropped
-after the clock stops, as ``gpu_h200.py``'s host cost does) and ``cycle`` (the exchange
-and dropping its result, which runs the release). Medians.
+Variants, each on the same ``--size``² f32 tensor (256² by default):
 
-Prints JSON lines: ``{"figure": "host_cost", ...}`` per direction and round (plain,
-ordered and added µs, call and cycle; ``pending_calls``, ``pending_jobs`` and
-``pending_call_us_per_job``: the pending calls that ran producers' deleters on the main
-thread during the plain/ordered loop, the deleters they ran, and the µs spent inside them
-per deleter, CPython's scheduling of them not included), ``{"figure": "host_cost_breakdown", ...}`` per
-direction (the wrapper's steps timed alone, each beside the plain step it replaces), one
-``{"figure": "host_cost_summary", ...}`` per direction with ``met``: the largest added
-``call`` µs of the rounds <= ``--target`` (3 µs), and a last ``{"figure": "result", ...}``.
-Exits 1 when a check fails: the results must be right, and no host sync may be counted
-(``handoff.stats()["host_syncs"]`` unchanged until the final ``flush``, nothing pending
-after it, nothing leaked). Missing the target is reported, not a failure.
+- ``plain``: ``jax.dlpack.from_dlpack(t)`` / ``torch.from_dlpack(a)``
+- ``ordered``: ``jax.dlpack.from_dlpack(handoff.ordered(t))`` /
+  ``torch.from_dlpack(handoff.ordered(a))``
+- ``native``: ``handoff.to_jax(t)`` / ``handoff.to_torch(a)``, route native
+- ``public``: ``handoff.to_jax(t)`` / ``handoff.to_torch(a)``, route forced public
+- ``framework``: the frameworks' own entry points, the floor:
+  ``_jax.dlpack_managed_tensor_to_buffer(t.__dlpack__(stream=s), dev, s, None, dl_type)`` /
+  ``torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(a, stream=s))``
 
-Without a usable GPU (``--device cuda``) it prints ``SKIPPED: <reason>`` and exits 0
-(1 when ``HANDOFF_REQUIRE_GPU=1``).
+The route is switched with ``handoff._handoff._set_route("auto" | "public")`` before each
+call of the two route variants, outside the clock. A wheel without ``handoff.routes()``
+has one route, the public one: ``native`` is then ``null`` and ``public`` is its
+``handoff.to_jax``/``to_torch`` (so the script also runs with older wheels, for A/B).
+``native`` is ``null`` too where ``routes()`` says a direction is not native here (its
+``reasons`` are printed) or ``HANDOFF_ROUTE=public`` is set.
+
+Stream values as the frameworks pass them: ``s`` is the JAX device's
+``get_stream_for_external_ready_events()`` (torch -> JAX) or PyTorch's current stream
+(``1`` for the legacy default; JAX -> torch) on CUDA, ``None`` on the CPU.
+
+Each round takes, per direction, ``--n`` turns of all the variants (the first one of a
+turn changes from turn to turn, so drift hits all alike), twice: ``call`` (the call alone;
+its result is kept in a list, released outside the clock every ``--batch`` turns) and
+``cycle`` (the call and ``del`` of its result, which runs the release, inside the
+clock). Medians, after ``--warmup`` turns.
+
+Prints JSON lines: ``{"figure": "env", ...}`` (versions, routes and their reasons),
+``{"figure": "host_cost", ...}`` per direction and round (``<variant>_us`` and
+``<variant>_cycle_us``, ``null`` for a variant this wheel lacks; ``added_us``: ordered
+minus plain; ``native_ratio``: native / plain; ``native_over_framework_us``: what the
+native route adds to the frameworks' floor), one ``{"figure": "host_cost_target", ...}``
+per target with ``met`` (the worst round against the limit; ``null`` when the variant is
+missing), ``{"figure": "stats", ...}`` and a last ``{"figure": "result", ...}``.
+
+Targets (reported, not checks): torch -> JAX native <= 0.25 x plain and <= 12 µs; JAX ->
+torch native <= 0.35 x plain and <= 4 µs; ``ordered`` adds <= 3 µs to plain both ways.
+The µs targets are the GPU machine's; on the CPU they are printed the same way.
+
+Exits 1 (``CHECK FAILED: ...``) when a variant gives wrong values or not a view of the
+source, a host sync is counted during the timed loops (``handoff.stats()["host_syncs"]``),
+a release leaked, or releases are pending after ``handoff.flush()``. ``--device cuda``
+without a usable GPU prints ``SKIPPED: <reason>`` and exits 0 (1 when
+``HANDOFF_REQUIRE_GPU=1``, as ``gpu-bundle/run.sh`` sets; there ``auto`` requires it too).
 """
 
 import argparse
@@ -49,6 +62,18 @@ import sys
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+VARIANTS = ("plain", "ordered", "native", "public", "framework")
+
+# (direction, JSON field of the host_cost figure, what, limit)
+TARGETS = (
+    ("torch->jax", "native_ratio", "handoff.to_jax(t) native / jax.dlpack.from_dlpack(t)", 0.25),
+    ("torch->jax", "native_us", "handoff.to_jax(t) native, µs", 12.0),
+    ("torch->jax", "added_us", "jax.dlpack.from_dlpack(handoff.ordered(t)) minus plain, µs", 3.0),
+    ("jax->torch", "native_ratio", "handoff.to_torch(a) native / torch.from_dlpack(a)", 0.35),
+    ("jax->torch", "native_us", "handoff.to_torch(a) native, µs", 4.0),
+    ("jax->torch", "added_us", "torch.from_dlpack(handoff.ordered(a)) minus plain, µs", 3.0),
+)
 
 failures = []
 
@@ -69,225 +94,279 @@ def skip(reason):
     sys.exit(1 if os.environ.get("HANDOFF_REQUIRE_GPU") == "1" else 0)
 
 
-def paired(variants, calls, warmup=300):
-    """Median µs of ``calls`` calls of each variant (a dict of name: function), taken in
-    turns (the first one changes from turn to turn): name -> (call, cycle)."""
+def measure(variants, n, batch, warmup):
+    """Median µs of ``n`` calls of each variant, taken in turns: name -> (call, cycle).
+
+    ``variants``: ``[(name, prepare, call)]``; ``prepare`` (or ``None``) runs before each
+    call, outside the clock (the route switch)."""
     pc = time.perf_counter_ns
-    times = {name: ([], []) for name in variants}
-    order = list(variants.items())
-    for _ in range(warmup):
-        for _name, f in order:
+    k = len(variants)
+
+    def turn(i):
+        return variants[i % k:] + variants[:i % k]
+
+    for i in range(warmup):
+        for _name, prepare, f in turn(i):
+            if prepare is not None:
+                prepare()
             r = f()
             del r
-    for i in range(calls):
-        turn = order[i % len(order):] + order[:i % len(order)]
-        for name, f in turn:
+    call = {name: [] for name, _, _ in variants}
+    kept = []
+    for i in range(n):
+        for name, prepare, f in turn(i):
+            if prepare is not None:
+                prepare()
             t0 = pc()
             r = f()
             t1 = pc()
+            kept.append(r)
+            call[name].append(t1 - t0)
+        r = None
+        if (i + 1) % batch == 0:
+            kept.clear()  # the releases, outside the clock
+    kept.clear()
+    cycle = {name: [] for name, _, _ in variants}
+    for i in range(n):
+        for name, prepare, f in turn(i):
+            if prepare is not None:
+                prepare()
+            t0 = pc()
+            r = f()
             del r
-            t2 = pc()
-            times[name][0].append(t1 - t0)
-            times[name][1].append(t2 - t0)
-    return {name: (statistics.median(c) / 1e3, statistics.median(y) / 1e3) for name, (c, y) in times.items()}
+            t1 = pc()
+            cycle[name].append(t1 - t0)
+    return {name: (statistics.median(call[name]) / 1e3, statistics.median(cycle[name]) / 1e3) for name in call}
 
 
-def median_us(f, calls, warmup=300):
-    pc = time.perf_counter_ns
-    for _ in range(warmup):
-        r = f()
-        del r
-    s = []
-    for _ in range(calls):
-        t0 = pc()
-        r = f()
-        s.append(pc() - t0)
-        del r
-    return statistics.median(s) / 1e3
+def rnd(v, digits=2):
+    return None if v is None else round(v, digits)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--calls", type=int, default=3000)
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                    help="auto: CUDA when torch, JAX and handoff can use it, else the CPU")
+    ap.add_argument("--n", "--calls", dest="n", type=int, default=10_000, help="timed turns per loop")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--size", type=int, default=256)
-    ap.add_argument("--target", type=float, default=3.0, help="µs added at most (default 3)")
+    ap.add_argument("--batch", type=int, default=100, help="turns between releases of the kept results")
+    ap.add_argument("--warmup", type=int, default=300)
     args = ap.parse_args()
 
     try:
+        import numpy as np
         import torch
     except Exception as e:  # noqa: BLE001
         skip(f"torch does not import ({e})")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        skip("torch sees no CUDA device")
     try:
         import jax
         import jax.dlpack
         import jax.numpy as jnp
     except Exception as e:  # noqa: BLE001
         skip(f"jax does not import ({e})")
-    try:
-        jdev = jax.devices("gpu" if args.device == "cuda" else "cpu")[0]
-    except Exception as e:  # noqa: BLE001
-        skip(f"jax has no {args.device} backend ({e})")
     import handoff
+    from handoff import _handoff
 
-    if args.device == "cuda" and not handoff.cuda_available():
-        skip("handoff cannot use the CUDA driver")
+    device, why_not_cuda = args.device, None
+    if device in ("auto", "cuda"):
+        if not torch.cuda.is_available():
+            why_not_cuda = "torch sees no CUDA device"
+        else:
+            try:
+                jax.devices("gpu")
+            except Exception as e:  # noqa: BLE001
+                why_not_cuda = f"jax has no GPU backend ({e})"
+            else:
+                if not handoff.cuda_available():
+                    why_not_cuda = "handoff cannot use the CUDA driver"
+        if why_not_cuda is None:
+            device = "cuda"
+        elif device == "cuda" or os.environ.get("HANDOFF_REQUIRE_GPU") == "1":
+            skip(why_not_cuda)
+        else:
+            device = "cpu"
+    cuda = device == "cuda"
+    jdev = jax.devices("gpu" if cuda else "cpu")[0]
+
+    # The private framework calls (checked here, as handoff checks them at import).
+    try:
+        from jax._src.lib import _jax, jaxlib_extension_version
+    except Exception:  # noqa: BLE001
+        _jax, jaxlib_extension_version = None, None
+    to_buffer = getattr(_jax, "dlpack_managed_tensor_to_buffer", None)
+    to_capsule = getattr(_jax, "buffer_to_dlpack_managed_tensor", None)
+    torch_from_capsule = getattr(torch._C, "_from_dlpack", None)
+
+    # Routes: native where this wheel has it and says so, public always.
+    set_route = getattr(_handoff, "_set_route", None)
+    routes_fn = getattr(handoff, "routes", None)
+    initial_route = "public" if os.environ.get("HANDOFF_ROUTE") == "public" else "auto"
+    if set_route is not None and routes_fn is not None:
+        set_route(initial_route)
+        routes = routes_fn()
+    else:
+        routes = None
+    native = {
+        "torch->jax": routes is not None and routes.get("torch_to_jax") == "native",
+        "jax->torch": routes is not None and routes.get("jax_to_torch") == "native",
+    }
 
     n = args.size
-    t = torch.arange(n * n, dtype=torch.float32, device=args.device).reshape(n, n)
+    t = torch.arange(n * n, dtype=torch.float32, device=device).reshape(n, n)
     x = jax.device_put(jnp.arange(n * n, dtype=jnp.float32).reshape(n, n), jdev)
     x.block_until_ready()
-    if args.device == "cuda":
+    if cuda:
         torch.cuda.synchronize()
+        jax_stream = jdev.get_stream_for_external_ready_events()
+        torch_stream = torch.cuda.current_stream().cuda_stream or 1
+    else:
+        jax_stream = torch_stream = None  # the CPU device raises UNIMPLEMENTED for a stream
+    dl_type = int(t.__dlpack_device__()[0])
 
     emit(
         figure="env",
-        device=args.device,
+        device=device,
+        why_not_cuda=why_not_cuda,
         torch=torch.__version__,
         jax=jax.__version__,
+        jaxlib_extension_version=jaxlib_extension_version,
         handoff=handoff.__version__,
         python=sys.version.split()[0],
-        gpu=torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+        gpu=torch.cuda.get_device_name(0) if cuda else None,
         jax_device=str(jdev),
+        jax_stream=jax_stream,
+        torch_stream=torch_stream,
         shape=[n, n],
-        calls=args.calls,
+        n=args.n,
         rounds=args.rounds,
+        batch=args.batch,
+        routes=routes,
+        route_env=os.environ.get("HANDOFF_ROUTE"),
     )
 
-    # Right values both ways, through handoff (and the hand-off really is a view).
-    y = torch.from_dlpack(handoff.ordered(x))
-    check(bool(torch.equal(y.cpu(), torch.arange(n * n, dtype=torch.float32).reshape(n, n))), "jax->torch: wrong values")
-    z = jax.dlpack.from_dlpack(handoff.ordered(t))
-    check(bool(jnp.array_equal(z, jnp.arange(n * n, dtype=jnp.float32).reshape(n, n))), "torch->jax: wrong values")
-    check(z.unsafe_buffer_pointer() == t.data_ptr(), "torch->jax: not a view of the tensor")
-    del y, z
+    # ---- the variants ------------------------------------------------------------------
+    jax_from_dlpack, torch_from_dlpack = jax.dlpack.from_dlpack, torch.from_dlpack
+    ordered, to_jax, to_torch = handoff.ordered, handoff.to_jax, handoff.to_torch
+
+    def route(name):
+        if set_route is None:
+            return None
+        return lambda: set_route(name)
+
+    if to_buffer is None:
+        jax_framework = None
+    elif jaxlib_extension_version is not None and jaxlib_extension_version >= 467:
+        def jax_framework():
+            return to_buffer(t.__dlpack__(stream=jax_stream), jdev, jax_stream, None, dl_type)
+    else:
+        def jax_framework():
+            return to_buffer(t.__dlpack__(stream=jax_stream), jdev, jax_stream, None)
+
+    # jax.dlpack.to_dlpack passes the array's single shard; the array itself is taken
+    # too (jaxlib 0.10.2): try it, else pass the shard made once, outside the loop.
+    x_buffer = x
+    if to_capsule is not None and torch_from_capsule is not None:
+        try:
+            torch_from_capsule(to_capsule(x_buffer, stream=torch_stream))
+        except Exception:  # noqa: BLE001
+            x_buffer = x.addressable_data(0)
+
+    def torch_framework():
+        return torch_from_capsule(to_capsule(x_buffer, stream=torch_stream))
+
+    directions = {
+        "torch->jax": {
+            "plain": (None, lambda: jax_from_dlpack(t)),
+            "ordered": (None, lambda: jax_from_dlpack(ordered(t))),
+            "native": (route("auto"), lambda: to_jax(t)) if native["torch->jax"] else None,
+            "public": (route("public"), lambda: to_jax(t)),
+            "framework": (None, jax_framework) if jax_framework is not None else None,
+        },
+        "jax->torch": {
+            "plain": (None, lambda: torch_from_dlpack(x)),
+            "ordered": (None, lambda: torch_from_dlpack(ordered(x))),
+            "native": (route("auto"), lambda: to_torch(x)) if native["jax->torch"] else None,
+            "public": (route("public"), lambda: to_torch(x)),
+            "framework": (None, torch_framework) if to_capsule is not None and torch_from_capsule else None,
+        },
+    }
+
+    # Right values, and a view of the source (no copy), for every variant.
+    want = np.arange(n * n, dtype=np.float32).reshape(n, n)
+    for direction, variants in directions.items():
+        for name, v in variants.items():
+            if v is None:
+                continue
+            prepare, f = v
+            if prepare is not None:
+                prepare()
+            r = f()
+            if direction == "torch->jax":
+                got, same = np.asarray(r), r.unsafe_buffer_pointer() == t.data_ptr()
+            else:
+                got, same = r.cpu().numpy(), r.data_ptr() == x.unsafe_buffer_pointer()
+            check(got.shape == want.shape and bool(np.array_equal(got, want)), f"{direction} {name}: wrong values")
+            check(same, f"{direction} {name}: not a view of the source")
+            del r, got
+    if set_route is not None:
+        set_route(initial_route)
     handoff.flush()
     start = handoff.stats()
 
-    # A third variant drops what came home to this thread first (handoff._take_returns):
-    # JAX lets go of a view on PJRT's thread, which posts the hand-off back to this,
-    # the making thread; this thread never releases one itself in this loop, so without
-    # it they wait reaper::STALE for the reaper's thread, which then also queues each
-    # producer's deleter as a pending call for the main thread. Diagnostic (issue 32).
-    from handoff import _handoff
-
-    _take_returns = getattr(_handoff, "_take_returns", None)  # absent in wheels before it
-
-    def taking(f):
-        def g():
-            _take_returns()
-            return f()
-        return g
-
-    # A fourth (torch->jax only): PyTorch's deleter run by whichever thread releases the
-    # hand-off, instead of as a pending call on the main thread (benchmarks only; JAX's
-    # deleter must run on the main thread, so never for jax->torch). Diagnostic (issue 32).
-    _set_deleters = getattr(_handoff, "_set_deleters_on_main_thread", None)  # absent before it
-    _pending_counts = getattr(_handoff, "_pending_call_counts", None)
-
-    def on_releasing_thread(plain, ordered, gil):
-        if _set_deleters is None:
-            return (None, None)
-        _set_deleters(False, gil=gil)
-        try:
-            mr = paired({"plain": plain, "releasing": ordered}, args.calls)
-        finally:
-            _set_deleters(True)
-        (rpc, rpy), (rc, ry) = mr["plain"], mr["releasing"]
-        return (round(rc - rpc, 2), round(ry - rpy, 2))
-
-    directions = (
-        ("jax->torch", "torch.from_dlpack", lambda: torch.from_dlpack(x), lambda: torch.from_dlpack(handoff.ordered(x))),
-        ("torch->jax", "jax.dlpack.from_dlpack", lambda: jax.dlpack.from_dlpack(t),
-         lambda: jax.dlpack.from_dlpack(handoff.ordered(t))),
-    )
-    added = {d: [] for d, *_ in directions}
-    for rnd in range(1, args.rounds + 1):
-        for direction, call, plain, ordered in directions:
+    # ---- the timed loops ---------------------------------------------------------------
+    rows = {d: [] for d in directions}
+    for rnd_i in range(1, args.rounds + 1):
+        for direction, variants in directions.items():
+            present = [(name, v[0], v[1]) for name, v in variants.items() if v is not None]
             before = handoff.stats()
-            counts_before = _pending_counts() if _pending_counts is not None else None
-            m = paired({"plain": plain, "ordered": ordered}, args.calls)
-            counts_after = _pending_counts() if _pending_counts is not None else None
+            m = measure(present, args.n, args.batch, args.warmup)
             after = handoff.stats()
-            pending = {"pending_calls": None, "pending_jobs": None, "pending_call_us_per_job": None}
-            if counts_before is not None:
-                calls_, jobs_, ns_ = (a - b for a, b in zip(counts_after, counts_before))
-                pending = {"pending_calls": calls_, "pending_jobs": jobs_,
-                           "pending_call_us_per_job": round(ns_ / jobs_ / 1e3, 3) if jobs_ else None}
-            (pc_, py_), (oc, oy) = m["plain"], m["ordered"]
-            added[direction].append(oc - pc_)
-            # The variant in a loop of its own (beside plain again): in the same turns it
-            # would also take what came home from the other variant's hand-offs.
-            taking_added = (None, None)
-            if _take_returns is not None:
-                mt = paired({"plain": plain, "taking": taking(ordered)}, args.calls)
-                (tpc, tpy), (tc, ty) = mt["plain"], mt["taking"]
-                taking_added = (round(tc - tpc, 2), round(ty - tpy, 2))
-            releasing_added = releasing_nogil_added = (None, None)
-            if direction == "torch->jax":
-                releasing_added = on_releasing_thread(plain, ordered, gil=True)
-                releasing_nogil_added = on_releasing_thread(plain, ordered, gil=False)
-            # Where the releases went: deferred behind an event (the reaper's) or at
-            # once, and how many were still queued when the loop ended.
-            emit(figure="host_cost", direction=direction, call=call, round=rnd, calls=args.calls,
-                 plain_us=round(pc_, 2), ordered_us=round(oc, 2), added_us=round(oc - pc_, 2),
-                 plain_cycle_us=round(py_, 2), ordered_cycle_us=round(oy, 2), added_cycle_us=round(oy - py_, 2),
-                 added_taking_returns_us=taking_added[0], added_taking_returns_cycle_us=taking_added[1],
-                 added_releasing_thread_us=releasing_added[0], added_releasing_thread_cycle_us=releasing_added[1],
-                 added_releasing_thread_nogil_us=releasing_nogil_added[0],
-                 added_releasing_thread_nogil_cycle_us=releasing_nogil_added[1],
-                 **pending,
+            if set_route is not None:
+                set_route(initial_route)
+            call = {name: m[name][0] if name in m else None for name in VARIANTS}
+            cycle = {name: m[name][1] if name in m else None for name in VARIANTS}
+
+            def diff(a, b):
+                return None if a is None or b is None else a - b
+
+            def ratio(a, b):
+                return None if a is None or b is None else a / b
+
+            row = {
+                **{f"{name}_us": rnd(call[name]) for name in VARIANTS},
+                **{f"{name}_cycle_us": rnd(cycle[name]) for name in VARIANTS},
+                "added_us": rnd(diff(call["ordered"], call["plain"])),
+                "added_cycle_us": rnd(diff(cycle["ordered"], cycle["plain"])),
+                "public_added_us": rnd(diff(call["public"], call["plain"])),
+                "native_ratio": rnd(ratio(call["native"], call["plain"]), 3),
+                "native_cycle_ratio": rnd(ratio(cycle["native"], cycle["plain"]), 3),
+                "native_over_framework_us": rnd(diff(call["native"], call["framework"])),
+                "native_over_framework_cycle_us": rnd(diff(cycle["native"], cycle["framework"])),
+            }
+            rows[direction].append(row)
+            emit(figure="host_cost", direction=direction, round=rnd_i, n=args.n, **row,
                  releases_deferred=after["releases_deferred"] - before["releases_deferred"],
                  releases_immediate=after["releases_immediate"] - before["releases_immediate"],
+                 host_syncs=after["host_syncs"] - before["host_syncs"],
                  pending_after_loop=after["pending"])
 
-    # Where the added time goes: each step of the wrapper timed alone (warm), beside
-    # the plain step it replaces. The producer's __dlpack__ is asked with the stream
-    # value the consumer would pass; its capsule is dropped unconsumed (for handoff's
-    # capsule that runs the release).
-    if args.device == "cuda":
-        torch_stream = torch.cuda.current_stream().cuda_stream or 1
-        try:
-            jax_stream = jdev.get_stream_for_external_ready_events()
-        except Exception:  # noqa: BLE001
-            jax_stream = None
-    else:
-        torch_stream = jax_stream = None
-    wt, wx = handoff.ordered(t), handoff.ordered(x)
-    k = args.calls
-    torch_kw = {"max_version": (1, 0)} if torch_stream is None else {"max_version": (1, 0), "stream": torch_stream}
-    emit(figure="host_cost_breakdown", direction="torch->jax", calls=k, jax_stream=jax_stream,
-         producer_dlpack_device_us=round(median_us(lambda: t.__dlpack_device__(), k), 2),
-         ordered_us=round(median_us(lambda: handoff.ordered(t), k), 2),
-         producer_dlpack_us=round(median_us(lambda: t.__dlpack__(stream=jax_stream), k), 2),
-         wrapper_dlpack_us=round(median_us(lambda: wt.__dlpack__(stream=jax_stream), k), 2),
-         plain_with_premade_wrapper_us=round(median_us(lambda: jax.dlpack.from_dlpack(wt), k), 2),
-         plain_us=round(median_us(lambda: jax.dlpack.from_dlpack(t), k), 2))
-    emit(figure="host_cost_breakdown", direction="jax->torch", calls=k, torch_stream=torch_stream,
-         producer_dlpack_device_us=round(median_us(lambda: x.__dlpack_device__(), k), 2),
-         ordered_us=round(median_us(lambda: handoff.ordered(x), k), 2),
-         producer_dlpack_us=round(median_us(lambda: x.__dlpack__(**torch_kw), k), 2),
-         wrapper_dlpack_us=round(median_us(lambda: wx.__dlpack__(**torch_kw), k), 2),
-         plain_with_premade_wrapper_us=round(median_us(lambda: torch.from_dlpack(wx), k), 2),
-         plain_us=round(median_us(lambda: torch.from_dlpack(x), k), 2))
-    del wt, wx
-
-    for direction, values in added.items():
-        worst = max(values)
-        emit(figure="host_cost_summary", direction=direction, added_us=[round(v, 2) for v in values],
-             max_added_us=round(worst, 2), target_us=args.target, met=worst <= args.target)
-
     end = handoff.stats()
-    check(end["host_syncs"] == start["host_syncs"], "host syncs were counted during the measurement")
+    check(end["host_syncs"] == start["host_syncs"],
+          f"{end['host_syncs'] - start['host_syncs']} host syncs counted during the timed loops")
+
+    for direction, field, what, limit in TARGETS:
+        values = [row[field] for row in rows[direction]]
+        worst = None if not values or None in values else max(values)
+        emit(figure="host_cost_target", direction=direction, target=what, field=field, device=device,
+             values=values, worst=worst, limit=limit, met=None if worst is None else worst <= limit)
+
     handoff.flush()
     final = handoff.stats()
     emit(figure="stats", **{key: final[key] - start.get(key, 0) for key in final if key != "pending"},
          pending_after_flush=final["pending"])
-    check(final["pending"] == 0, "releases pending after flush")
-    check(final["releases_leaked"] == start["releases_leaked"], "releases leaked")
+    check(final["pending"] == 0, f"{final['pending']} releases pending after flush")
+    check(final["releases_leaked"] == 0, f"{final['releases_leaked']} releases leaked")
 
 
 if __name__ == "__main__":

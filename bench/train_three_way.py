@@ -1,60 +1,99 @@
 #!/usr/bin/env python3
-"""Training through a JAX kernel from PyTorch, three ways (issue 32).
+"""Training through a JAX layer from PyTorch: pure PyTorch, jax2torch, torch-jax-interop,
+handoff, and the JAX layer alone (issues 32 and 38).
 
-The model: a 2-layer MLP trained with SGD on a mean-square loss. Its first layer
-(``h = x @ w1 + b1``) and the loss are PyTorch; its middle layer, layer norm + gelu +
-matmul (``gelu(layernorm(h) * gamma + beta) @ w2``), is either
+Two models, each trained with SGD; the layer in the middle is JAX (or, for the baseline,
+the same math in PyTorch); what feeds it and the loss are PyTorch:
 
-  torch      the same math in PyTorch (the baseline),
-  jax2torch  the JAX function through ``jax2torch.jax2torch(jax.jit(f))``, as published on
-             PyPI (lucidrains' jax2torch 0.0.7, the package that runs JAX in PyTorch's
-             autograd; ``torch2jax`` goes the other way). Its 2021 code calls
-             ``jax.dlpack.to_dlpack`` and hands capsules to ``jax.dlpack.from_dlpack``,
-             both removed from JAX since: this script maps the two calls to today's
-             ``__dlpack__`` protocol (``torch.from_dlpack(jax_array)``,
-             ``jax.dlpack.from_dlpack(tensor.detach())``), changing nothing else,
-  handoff    ``handoff.torch_function(f)``.
+  mlp   ``h = x @ w1 + b1`` (PyTorch), then layer norm + gelu + matmul
+        (``gelu(layernorm(h) * gamma + beta) @ w2``), then a mean-square loss. Sizes
+        ``BATCHxDIM``.
+  attn  ``x = x0 @ w_in + b_in`` (PyTorch), then a causal multi-head self-attention block
+        with a residual (inputs x, wq, wk, wv, wo; heads of 64 features, or one head when
+        DIM < 64) with two outputs, the block's output ``x + attn(x) @ wo`` and the
+        attention probabilities' entropy per token (mean over heads, float32); the loss
+        is the mean-square error of the first plus ``ENT_WEIGHT`` times the mean of the
+        second. Sizes ``BATCHxTOKENSxDIM``.
+
+The variants (``--variants``):
+
+  torch              the same math in PyTorch (the baseline every ratio is to),
+  jax2torch          ``jax2torch.jax2torch(jax.jit(f))``, lucidrains' jax2torch 0.0.7 as
+                     published on PyPI (2021). Its code calls ``jax.dlpack.to_dlpack`` and
+                     hands capsules to ``jax.dlpack.from_dlpack``, both removed from JAX
+                     since: this script maps the two calls to today's ``__dlpack__``
+                     protocol (``torch.from_dlpack(jax_array)``,
+                     ``jax.dlpack.from_dlpack(tensor.detach())``), changing nothing else,
+  torch_jax_interop  ``torch_jax_interop.WrappedJaxFunction(jax.jit(f), jax_params=())``
+                     (torch-jax-interop 0.0.8 from PyPI; it imports ``chex``, which it does
+                     not declare), called with every tensor as an input (the same
+                     ``_JaxFunction`` path as parameters held by the module). It takes one
+                     differentiable output: the attention block's two outputs are
+                     concatenated, flattened, into one array in the block's dtype (a JAX
+                     concatenate, the entropy rounded to bf16 in bf16) and split into views
+                     in PyTorch (its ``has_aux`` output is not differentiable: the backward
+                     asserts that its gradient is None),
+  handoff            ``handoff.torch_function(f)``,
+  floor              no PyTorch and no crossing: the layer's inputs and the cotangents of
+                     its outputs already JAX arrays, the step is the JAX layer's forward
+                     (a jitted ``jax.vjp``, its residuals returned) and its VJP (jitted),
+                     driven from Python as ``handoff.torch_function`` drives them: what a
+                     crossing cannot go below. Its ratio is to the whole PyTorch step.
 
 Figures (JSON lines, then a markdown table, then ``{"figure": "result", ...}``):
 
-- ``step``: ms per training step (forward, backward, SGD step), the median of
-  ``--reps`` blocks of ``--steps`` steps after ``--warmup`` steps, each block timed to
-  a device synchronize; bf16 and f32 (float32 matmuls without TF32 on both sides), a
-  host-bound size and a GPU-bound size. On CUDA
-  also: ``sync_warnings``, PyTorch's synchronizing calls in 5 steps
-  (``torch.cuda.set_sync_debug_mode("warn")``; JAX's own are not seen there),
-  ``enqueue_ms_behind_50ms``, the host time of one step enqueued behind 50 ms of
-  queued GPU work, and ``blocked`` (that step waited for the GPU: over 40 ms, or the
-  stream idle after it), and for handoff ``host_syncs``, handoff's own count over
-  the timed steps.
+- ``env``: versions, ``handoff.routes()`` when this handoff has it, ``--label``.
+- ``step``: ms per training step (forward, backward, SGD step), the median of ``--reps``
+  blocks of ``--steps`` steps after ``--warmup`` steps, each block timed to a device
+  synchronize; bf16 and f32 (float32 matmuls without TF32 on both sides); for each model
+  a host-bound size (the first of ``--mlp-sizes`` / ``--attn-sizes``, ``bound: host``)
+  and GPU-bound ones (the rest, ``bound: gpu``). ``ratio_to_torch``; for handoff at
+  host-bound sizes also ``target`` (1.15) and ``met``. On CUDA also: ``sync_warnings``,
+  PyTorch's synchronizing calls in 5 steps (``torch.cuda.set_sync_debug_mode("warn")``;
+  JAX's own are not seen there), ``enqueue_ms_behind_50ms``, the host time of one step
+  enqueued behind 50 ms of queued GPU work, and ``blocked`` (that step waited for the
+  GPU: over 40 ms, or the stream idle after it); for handoff ``host_syncs``, handoff's
+  own count over the timed steps (on the CPU too), and ``routes``. A variant that raises
+  gets its row with ``error`` (the exception) instead of figures.
 - ``grad_agreement``: the loss and the gradients of every parameter after one step,
   against ``jax.grad`` of the same loss in pure JAX, in float32 with "highest" matmul
-  precision on both sides (TF32 off), from the same parameter values: relative L2
-  error at most 1e-4 for f32, 5e-2 for bf16 (its rounding).
+  precision on both sides (TF32 off), from the same parameter values: relative L2 error
+  at most 1e-4 for f32, 5e-2 for bf16 (its rounding).
 - ``device_follows`` (CUDA only): one ``handoff.torch_function`` called on CPU tensors
-  and on CUDA tensors runs on each one's device (outputs and gradients there) and the
-  two agree (relative error at most 1e-4, "highest" matmul precision).
-- ``lifetime`` (CUDA only): ``--trials`` training steps on a non-blocking PyTorch
-  stream (PyTorch's legacy default stream waits for every blocking stream and would
-  hide a missing wait) where buffers JAX produced are dropped by PyTorch while
-  PyTorch's kernels that read them are still queued: the middle layer's output (the
-  loss reads it behind ~50 ms of queued work) and the gradient it returns for ``h``
-  (the first layer's weight gradient reads it behind another ~50 ms, queued in the
-  backward); meanwhile JAX allocates and fills 24 same-size buffers with NaN. A trial is
-  right when the gradients equal the quiet run's. The buffers PyTorch hands to JAX
-  (cotangents; the VJP residuals viewing ``h``) are, on one stream, behind the wait
-  for the gradients JAX returns, so they need no test of their own here.
+  and on CUDA tensors runs on each one's device (outputs and gradients there) and the two
+  agree (relative error at most 1e-4, "highest" matmul precision).
+- ``lifetime`` (CUDA only, the MLP, ``--trials`` of them, none with ``--trials 0``):
+  training steps on a non-blocking PyTorch stream (PyTorch's legacy default stream waits
+  for every blocking stream and would hide a missing wait) where buffers JAX produced are
+  dropped by PyTorch while PyTorch's kernels that read them are still queued: the middle
+  layer's output (the loss reads it behind ~50 ms of queued work) and the gradient it
+  returns for ``h`` (the first layer's weight gradient reads it behind another ~50 ms,
+  queued in the backward); meanwhile JAX allocates and fills 24 same-size buffers with
+  NaN. A trial is right when the gradients equal the quiet run's. The buffers PyTorch
+  hands to JAX (cotangents; the VJP residuals viewing ``h``) are, on one stream, behind
+  the wait for the gradients JAX returns, so they need no test of their own here.
+- ``ab`` (``--ab LOG...``, no benchmark run): the step rows of earlier runs of this script
+  made with ``--label`` (two labels, e.g. the previous handoff wheel's ``prev`` and this
+  one's ``new``, run in turns), per model, size and dtype: the median ms of handoff under
+  each label, their ratio (target at most 1.03), and the ratio of their ratios to
+  PyTorch in the same runs (which takes out a drift of the machine between runs).
 
-Checks that fail the run (exit 1): torch's and handoff's gradient agreement,
-handoff's lifetime trials (all right), handoff's host syncs (0) and unblocked step on
-CUDA, ``device_follows``. jax2torch's
-figures are reported, never fail the run. Without CUDA (or JAX's GPU backend) the
-default ``--device cuda`` prints ``SKIPPED: <reason>`` and exits 0 (1 with
-``HANDOFF_REQUIRE_GPU=1``); ``--device cpu`` runs the timings and the gradient
-agreement on the CPU.
+Checks that fail the run (exit 1): torch's, handoff's and the floor's runs (an error),
+torch's and handoff's gradient agreement, handoff's lifetime trials (all right),
+handoff's host syncs (0) and unblocked step on CUDA, ``device_follows``, and with
+``--route public`` a ``handoff.routes()`` that is not public both ways. jax2torch's and
+torch-jax-interop's figures are reported, never fail the run. Without CUDA (or JAX's GPU
+backend) the default ``--device cuda`` prints ``SKIPPED: <reason>`` and exits 0 (1 with
+``HANDOFF_REQUIRE_GPU=1``); ``--device cpu`` runs the timings and the gradient agreement
+on the CPU.
 
-    python3 bench/train_three_way.py                    # the GPU machine
-    python3 bench/train_three_way.py --device cpu --steps 5 --reps 3
+``--route public|auto`` calls ``handoff._handoff._set_route(route)`` first when this
+handoff has it (a note says so when it does not).
+
+    python3 bench/train_three_way.py                               # the GPU machine
+    python3 bench/train_three_way.py --device cpu --small --route public
+    python3 bench/train_three_way.py --label prev --bound gpu --variants torch handoff --trials 0
+    python3 bench/train_three_way.py --ab out/gpu-logs/train_three_way_ab_*.log
 """
 
 import argparse
@@ -64,22 +103,38 @@ import os
 import statistics
 import sys
 import time
+import traceback
 import types
 import warnings
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 EPS = 1e-5
+ENT_WEIGHT = 0.1  # the attention entropy's weight in the attention model's loss
 QUEUED_MS = 50.0
 CHURN = 24  # same-size JAX buffers filled with NaN per phase of a lifetime trial
-VARIANTS = ("torch", "jax2torch", "handoff")
+VARIANTS = ("torch", "jax2torch", "torch_jax_interop", "handoff", "floor")
+REPORTED_ONLY = ("jax2torch", "torch_jax_interop")  # their figures never fail the run
+MODELS = ("mlp", "attn")
 TOL = {"f32": 1e-4, "bf16": 5e-2}
+HOST_TARGET = 1.15  # handoff's step at host-bound sizes, times PyTorch's
+AB_TARGET = 1.03  # one handoff wheel's step against another's at GPU-bound sizes
+DEFAULT_SIZES = {
+    ("mlp", "cuda"): ["64x256", "4096x4096"],
+    ("mlp", "cpu"): ["32x64", "512x512"],
+    ("attn", "cuda"): ["8x64x128", "16x1024x1024"],
+    ("attn", "cpu"): ["2x16x32", "4x128x128"],
+}
+SMALL_SIZES = {"mlp": ["32x64"], "attn": ["2x16x32"]}
 
 failures = []
 notes = []
+label = None
 
 
 def emit(**fields):
+    if label is not None:
+        fields = {"label": label, **fields}
     print(json.dumps(fields), flush=True)
 
 
@@ -98,24 +153,67 @@ def skip(reason):
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     ap.add_argument(
+        "--mlp-sizes",
         "--sizes",
         nargs="+",
         default=None,
-        help="BATCHxDIM pairs (default: 64x256 and 4096x4096 on CUDA, 32x64 and 512x512 on CPU)",
+        help="BATCHxDIM, the first host-bound, the rest GPU-bound (default: 64x256 4096x4096 "
+        "on CUDA, 32x64 512x512 on CPU)",
+    )
+    ap.add_argument(
+        "--attn-sizes",
+        nargs="+",
+        default=None,
+        help="BATCHxTOKENSxDIM, the first host-bound, the rest GPU-bound (default: 8x64x128 "
+        "16x1024x1024 on CUDA, 2x16x32 4x128x128 on CPU)",
+    )
+    ap.add_argument("--bound", choices=["host", "gpu", "all"], default="all", help="which sizes run")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="the CPU check: one small size per model, few steps (meant for `cargo xtask test`, with --device cpu)",
     )
     ap.add_argument("--dtypes", nargs="+", choices=["bf16", "f32"], default=["bf16", "f32"])
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS + ("tji",),
+        default=list(VARIANTS),
+        help="tji is short for torch_jax_interop",
+    )
+    ap.add_argument("--warmup", type=int, default=None, help="default 10 (2 with --small)")
+    ap.add_argument("--steps", type=int, default=None, help="default 20 (3 with --small)")
+    ap.add_argument("--reps", type=int, default=None, help="default 7 (3 with --small)")
+    ap.add_argument("--trials", type=int, default=20, help="lifetime trials (CUDA); 0: none")
+    ap.add_argument("--route", choices=["public", "auto"], default=None)
+    ap.add_argument("--label", default=None, help="put into every JSON line (for --ab)")
+    ap.add_argument(
+        "--ab",
+        nargs="+",
+        default=None,
+        metavar="LOG",
+        help="no benchmark: compare handoff's step rows of these logs by their labels",
+    )
+    ap.add_argument("--ab-base", default="prev", help="the label the others are compared with")
     ap.add_argument("--timeout", type=float, default=float(os.environ.get("HANDOFF_GPU_TIMEOUT", "500")))
-    return ap.parse_args()
+    args = ap.parse_args()
+    args.variants = list(dict.fromkeys("torch_jax_interop" if v == "tji" else v for v in args.variants))
+    args.variants = [v for v in VARIANTS if v in args.variants]  # torch first: the ratios
+    small = args.small
+    args.warmup = args.warmup if args.warmup is not None else (2 if small else 10)
+    args.steps = args.steps if args.steps is not None else (3 if small else 20)
+    args.reps = args.reps if args.reps is not None else (3 if small else 7)
+    return args
 
 
 def main():
+    global label
     args = parse_args()
+    if args.ab:
+        sys.exit(ab_report(args.ab, args.ab_base))
+    label = args.label
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     try:
         import torch
@@ -143,13 +241,20 @@ def main():
     else:
         dev = torch.device("cpu")
         jax.config.update("jax_platforms", "cpu")
+        # PyTorch's OpenMP threads and JAX's CPU pool, both spinning on a small machine,
+        # take turns at tens of ms a step: PyTorch gets one intra-op thread.
+        torch.set_num_threads(1)
     # float32 matmuls in float32 on both sides (PyTorch's default; JAX's GPU default is
     # TF32), so that the f32 timings compare the same arithmetic.
     torch.backends.cuda.matmul.allow_tf32 = False
     jax.config.update("jax_default_matmul_precision", "highest")
 
+    routes = select_route(handoff, args.route)
     j2t, j2t_version = load_jax2torch(torch, jax)
-    variants = [v for v in args.variants if v != "jax2torch" or j2t is not None]
+    tji, tji_version = load_torch_jax_interop()
+    versions = {"jax2torch": j2t_version, "torch_jax_interop": tji_version}
+    dropped = {v for v, impl in (("jax2torch", j2t), ("torch_jax_interop", tji)) if impl is False}
+    args.variants = [v for v in args.variants if v not in dropped]
     emit(
         figure="env",
         device=torch.cuda.get_device_name(0) if cuda else "cpu",
@@ -157,10 +262,236 @@ def main():
         jax=jax.__version__,
         jax_backend=jax.default_backend(),
         handoff=handoff.__version__,
+        handoff_path=os.path.dirname(handoff.__file__),
+        routes=routes,
+        route_requested=args.route,
         jax2torch=j2t_version,
+        torch_jax_interop=tji_version,
         python=sys.version.split()[0],
+        torch_threads=torch.get_num_threads(),
     )
 
+    models = make_models(torch, jax, jnp)
+    layers = {}
+    for name in args.models:
+        m = models[name]
+        layers[name] = {
+            "torch": m.layer_torch,
+            "jax2torch": j2t(jax.jit(m.layer_jax)) if j2t else Unavailable(j2t_version),
+            "torch_jax_interop": tji_layer(tji, jax, jnp, m) if tji else Unavailable(tji_version),
+            "handoff": handoff.torch_function(m.layer_jax),
+        }
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sleep_cycles = calibrate(torch) if cuda else 0
+    rows = []
+    for name in args.models:
+        m = models[name]
+        if args.small:
+            sizes = SMALL_SIZES[name]
+        else:
+            given = args.mlp_sizes if name == "mlp" else args.attn_sizes
+            sizes = given or DEFAULT_SIZES[(name, args.device)]
+        for k, size in enumerate(sizes):
+            bound = "host" if k == 0 else "gpu"
+            if args.bound not in ("all", bound):
+                continue
+            dims = m.parse(size)
+            for dt in args.dtypes:
+                rows += run_cell(
+                    torch, jax, jnp, handoff, m, layers[name], args, dims, size, bound, dt, dev,
+                    cuda, sync, sleep_cycles, routes,
+                )
+                if cuda:
+                    torch.cuda.empty_cache()
+
+    if cuda and "handoff" in args.variants and "mlp" in layers:
+        device_follows(torch, jax, layers["mlp"]["handoff"])
+
+    lifetimes = {}
+    if cuda and args.trials > 0 and "mlp" in layers:
+        crossing = [v for v in args.variants if v != "floor"]
+        lifetimes = lifetime_checks(
+            torch, jax, jnp, models["mlp"], layers["mlp"], crossing, args.trials, sleep_cycles, dev
+        )
+    elif not cuda:
+        notes.append("lifetime: CUDA only (no streams on the CPU)")
+
+    print(table(rows, lifetimes, versions, routes), flush=True)
+    for n in notes:
+        print(f"note: {n}", flush=True)
+    emit(figure="result", ok=not failures, failures=failures)
+    sys.exit(1 if failures else 0)
+
+
+def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, dev, cuda, sync,
+             sleep_cycles, routes):
+    """Every variant at one model, size and dtype: gradient agreement, then timing."""
+    tdt = torch.bfloat16 if dt == "bf16" else torch.float32
+    init = m.make_params(torch, dims, dev)  # float32 master values
+    x, tgt = m.make_data(torch, dims, dev, tdt)
+    ref = jax_reference(jax, jnp, m, init, x, tgt)
+    base_ms = None
+    rows = []
+    for v in args.variants:
+        row = {"model": m.name, "variant": v, "dtype": dt, "size": size, "bound": bound}
+        if m.name == "mlp":
+            row["batch"], row["dim"] = dims
+        try:
+            if v == "floor":
+                ms = time_floor(torch, jax, jnp, m, init, x, tdt, args)
+                row["ms_per_step"] = round(ms, 4)
+                row["ratio_to_torch"] = round(ms / base_ms, 3) if base_ms else None
+                emit(figure="step", **row)
+                rows.append(row)
+                continue
+            layer = layers[v]
+            if isinstance(layer, Unavailable):
+                raise layer
+            grad_agreement(torch, jax, m, layer, init, x, tgt, tdt, ref, row, sync)
+            timing(torch, handoff, m, layer, init, x, tgt, tdt, args, row, sync, cuda, sleep_cycles)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+            print(f"{v} {m.name} {dt} {size}: {row['error']}", flush=True)
+            if not isinstance(e, Unavailable):
+                traceback.print_exc()
+            if v not in REPORTED_ONLY:
+                check(False, f"{v} {m.name} {dt} {size}: raised {row['error'][:300]}")
+            emit(figure="step", **row)
+            rows.append(row)
+            continue
+        ms = row["ms_per_step"]
+        base_ms = ms if v == "torch" else base_ms
+        row["ratio_to_torch"] = round(ms / base_ms, 3) if base_ms else None
+        if v == "handoff":
+            row["routes"] = routes
+            if bound == "host" and row["ratio_to_torch"] is not None:
+                row["target"] = HOST_TARGET
+                row["met"] = row["ratio_to_torch"] <= HOST_TARGET
+            check(row["host_syncs"] == 0, f"handoff {m.name} {dt} {size}: {row['host_syncs']} host syncs")
+            if cuda:
+                check(not row["blocked"], f"handoff {m.name} {dt} {size}: a step waited for the GPU")
+        emit(figure="step", **row)
+        rows.append(row)
+    return rows
+
+
+def grad_agreement(torch, jax, m, layer, init, x, tgt, tdt, ref, row, sync):
+    """One step's loss and gradients from the same values, against jax.grad's."""
+    params = [p.detach().to(tdt, copy=True).requires_grad_() for p in init]
+    with jax.default_matmul_precision("highest"):
+        loss = m.loss(layer(*m.front(params, x)), tgt)
+        loss.backward()
+    sync()
+    errs = {n: rel_err(p.grad, r) for n, p, r in zip(m.names, params, ref["grads"])}
+    loss_err = abs(loss.item() - ref["loss"]) / abs(ref["loss"])
+    worst = worst_of([loss_err, *errs.values()])
+    dt = row["dtype"]
+    ok = worst <= TOL[dt]
+    emit(
+        figure="grad_agreement",
+        **{k: row[k] for k in ("model", "variant", "dtype", "size")},
+        loss=round(loss.item(), 6),
+        loss_jax=round(ref["loss"], 6),
+        rel_err={k: jnum(e) for k, e in errs.items()},
+        worst=jnum(worst),
+        tol=TOL[dt],
+        ok=ok,
+    )
+    v = row["variant"]
+    if v not in REPORTED_ONLY:
+        check(ok, f"{v} {m.name} {dt} {row['size']}: gradients differ from jax.grad (worst {worst:.3g} > {TOL[dt]})")
+    row["grad_err"] = worst
+    row["grad_ok"] = ok
+
+
+def timing(torch, handoff, m, layer, init, x, tgt, tdt, args, row, sync, cuda, sleep_cycles):
+    params = [p.detach().to(tdt, copy=True).requires_grad_() for p in init]
+    opt = torch.optim.SGD(params, lr=1e-3, foreach=True)
+
+    def step():
+        loss = m.loss(layer(*m.front(params, x)), tgt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(args.warmup):
+        step()
+    sync()
+    before = handoff.stats()
+    per = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        sync()
+        per.append((time.perf_counter() - t0) * 1e3 / args.steps)
+    after = handoff.stats()
+    row["ms_per_step"] = round(statistics.median(per), 4)
+    if row["variant"] == "handoff":
+        for k in ("host_syncs", "waits_enqueued", "releases_deferred"):
+            row[k] = after[k] - before[k]
+    if cuda:
+        row["sync_warnings"] = count_sync_warnings(torch, step, 5)
+        enq, busy = enqueue_behind(torch, step, sleep_cycles)
+        row["enqueue_ms_behind_50ms"] = round(enq, 3)
+        row["blocked"] = enq > 0.8 * QUEUED_MS or not busy
+
+
+def time_floor(torch, jax, jnp, m, init, x, tdt, args):
+    """The JAX layer alone: its inputs and its outputs' cotangents already JAX arrays on
+    the JAX device matching x's; per step the jitted forward with VJP residuals and the
+    jitted VJP, as handoff.torch_function runs them, without a crossing. ms per step."""
+    import numpy as np
+
+    jdt = jnp.bfloat16 if tdt == torch.bfloat16 else jnp.float32
+    jdev = jax.devices("gpu" if x.device.type == "cuda" else "cpu")[0]
+    with torch.no_grad():
+        params = [p.to(tdt) for p in init]
+        args_t = m.front(params, x)
+        outs_t = m.layer_torch(*args_t)
+
+    def to_jax(t, dtype):
+        return jax.device_put(jnp.asarray(t.detach().float().cpu().numpy()).astype(dtype), jdev)
+
+    xs = [to_jax(t, jdt) for t in args_t]
+    rng = np.random.default_rng(4)
+    single = not isinstance(outs_t, tuple)
+    outs = (outs_t,) if single else outs_t
+    cts = [
+        jax.device_put(jnp.asarray(rng.standard_normal(tuple(o.shape), dtype=np.float32)).astype(
+            jdt if o.dtype == tdt else jnp.float32), jdev)
+        for o in outs
+    ]
+    cts = cts[0] if single else tuple(cts)
+    fwd = jax.jit(lambda *a: jax.vjp(m.layer_jax, *a))
+    bwd = jax.jit(lambda vjp, ct: vjp(ct))
+
+    def step():
+        _, vjp = fwd(*xs)
+        return bwd(vjp, cts)
+
+    for _ in range(args.warmup):
+        g = step()
+    jax.block_until_ready(g)
+    per = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            g = step()
+        jax.block_until_ready(g)
+        per.append((time.perf_counter() - t0) * 1e3 / args.steps)
+    return statistics.median(per)
+
+
+def make_models(torch, jax, jnp):
+    """The two models: their PyTorch front, JAX layer, the layer's PyTorch twin, loss."""
+
+    def heads(dim):
+        return max(1, dim // 64)
+
+    # ---- mlp: h = x @ w1 + b1; layernorm + gelu + matmul; mean-square loss ----
     def middle_jax(h, gamma, beta, w2):
         """layernorm + gelu + matmul, in JAX (statistics in float32)."""
         hf = h.astype(jnp.float32)
@@ -176,119 +507,163 @@ def main():
         z = (hf - mu) * torch.rsqrt(var + EPS) * gamma.float() + beta.float()
         return torch.nn.functional.gelu(z, approximate="tanh").to(h.dtype) @ w2
 
-    middles = {
-        "torch": middle_torch,
-        "jax2torch": j2t(jax.jit(middle_jax)) if j2t is not None else None,
-        "handoff": handoff.torch_function(middle_jax),
-    }
+    def mlp_params(torch, dims, dev):
+        _, dim = dims
+        g = torch.Generator(device=dev).manual_seed(0)
+        w1 = torch.randn(dim, dim, device=dev, generator=g) / dim**0.5
+        b1 = torch.randn(dim, device=dev, generator=g) * 0.1
+        gamma = 1.0 + 0.1 * torch.randn(dim, device=dev, generator=g)
+        beta = 0.1 * torch.randn(dim, device=dev, generator=g)
+        w2 = torch.randn(dim, dim, device=dev, generator=g) / dim**0.5
+        return [w1, b1, gamma, beta, w2]
 
-    sizes = args.sizes or (["64x256", "4096x4096"] if cuda else ["32x64", "512x512"])
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    sleep_cycles = calibrate(torch) if cuda else 0
-    rows = []
+    def mlp_data(torch, dims, dev, tdt):
+        batch, dim = dims
+        g = torch.Generator(device=dev).manual_seed(1)
+        x = torch.randn(batch, dim, device=dev, generator=g).to(tdt)
+        tgt = torch.randn(batch, dim, device=dev, generator=g)
+        return x, tgt
 
-    for size in sizes:
-        batch, dim = (int(v) for v in size.lower().split("x"))
-        for dt in args.dtypes:
-            tdt = torch.bfloat16 if dt == "bf16" else torch.float32
-            init = make_params(torch, dim, dev)  # float32 master values
-            g = torch.Generator(device=dev).manual_seed(1)
-            x = torch.randn(batch, dim, device=dev, generator=g).to(tdt)
-            tgt = torch.randn(batch, dim, device=dev, generator=g)
-            ref = jax_reference(jax, jnp, middle_jax, init, x, tgt)
-            base_ms = None
-            for v in variants:
-                mid = middles[v]
-                row = {"variant": v, "dtype": dt, "batch": batch, "dim": dim}
-                # Gradient agreement: one step's gradients from the same values.
-                params = [p.detach().to(tdt, copy=True).requires_grad_() for p in init]
-                with jax.default_matmul_precision("highest"):
-                    loss = forward_loss(mid, params, x, tgt)
-                    loss.backward()
-                sync()
-                errs = {
-                    n: rel_err(torch, p.grad, r)
-                    for n, p, r in zip(("w1", "b1", "gamma", "beta", "w2"), params, ref["grads"])
-                }
-                loss_err = abs(loss.item() - ref["loss"]) / abs(ref["loss"])
-                worst = worst_of([loss_err, *errs.values()])
-                ok = worst <= TOL[dt]
-                emit(
-                    figure="grad_agreement",
-                    **row,
-                    loss=round(loss.item(), 6),
-                    loss_jax=round(ref["loss"], 6),
-                    rel_err={k: jnum(e) for k, e in errs.items()},
-                    worst=jnum(worst),
-                    tol=TOL[dt],
-                    ok=ok,
-                )
-                if v != "jax2torch":
-                    check(ok, f"{v} {dt} {size}: gradients differ from jax.grad (worst {worst:.3g} > {TOL[dt]})")
-                row["grad_err"] = worst
-                row["grad_ok"] = ok
+    def mlp_front(params, x):
+        w1, b1, gamma, beta, w2 = params
+        return (x @ w1 + b1, gamma, beta, w2)
 
-                # Timing.
-                params = [p.detach().to(tdt, copy=True).requires_grad_() for p in init]
-                opt = torch.optim.SGD(params, lr=1e-3, foreach=True)
+    mlp = types.SimpleNamespace(
+        name="mlp",
+        names=("w1", "b1", "gamma", "beta", "w2"),
+        parse=lambda s: tuple(int(v) for v in s.lower().split("x")),
+        make_params=mlp_params,
+        make_data=mlp_data,
+        front=mlp_front,
+        front_jax=mlp_front,  # the same operators in jax.numpy
+        layer_jax=middle_jax,
+        layer_torch=middle_torch,
+        loss=lambda y, tgt: (y.float() - tgt).square().mean(),
+        loss_jax=lambda y, ts: ((y - ts) ** 2).mean(),
+        n_out=1,
+    )
 
-                def step():
-                    loss = forward_loss(mid, params, x, tgt)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    return loss
+    # ---- attn: x = x0 @ w_in + b_in; causal self-attention + residual, two outputs ----
+    masks = {}
 
-                for _ in range(args.warmup):
-                    step()
-                sync()
-                before = handoff.stats()
-                per = []
-                for _ in range(args.reps):
-                    t0 = time.perf_counter()
-                    for _ in range(args.steps):
-                        step()
-                    sync()
-                    per.append((time.perf_counter() - t0) * 1e3 / args.steps)
-                after = handoff.stats()
-                ms = statistics.median(per)
-                base_ms = ms if v == "torch" else base_ms
-                row["ms_per_step"] = round(ms, 4)
-                row["ratio_to_torch"] = round(ms / base_ms, 3) if base_ms else None
-                if v == "handoff":
-                    row["host_syncs"] = after["host_syncs"] - before["host_syncs"]
-                    row["waits_enqueued"] = after["waits_enqueued"] - before["waits_enqueued"]
-                    row["releases_deferred"] = after["releases_deferred"] - before["releases_deferred"]
-                if cuda:
-                    row["sync_warnings"] = count_sync_warnings(torch, step, 5)
-                    enq, busy = enqueue_behind(torch, step, sleep_cycles)
-                    row["enqueue_ms_behind_50ms"] = round(enq, 3)
-                    row["blocked"] = enq > 0.8 * QUEUED_MS or not busy
-                    if v == "handoff":
-                        check(row["host_syncs"] == 0, f"handoff {dt} {size}: {row['host_syncs']} host syncs")
-                        check(not row["blocked"], f"handoff {dt} {size}: a step waited for the GPU")
-                emit(figure="step", **row)
-                rows.append(row)
+    def attention_jax(x, wq, wk, wv, wo):
+        """Causal multi-head self-attention with a residual: (x + attn(x) @ wo, the
+        attention probabilities' entropy per token, mean over heads, float32). Scores,
+        softmax and entropy in float32; masked scores -1e9 (finite: no NaN in p log p)."""
+        b, t, d = x.shape
+        nh = heads(d)
+        dh = d // nh
 
-    if cuda and "handoff" in variants:
-        device_follows(torch, jax, middles["handoff"])
+        def split(z):
+            return z.reshape(b, t, nh, dh).transpose(0, 2, 1, 3)
 
-    lifetimes = {}
-    if cuda:
-        lifetimes = lifetime_checks(torch, jax, jnp, middles, variants, args.trials, sleep_cycles, dev)
-    else:
-        notes.append("lifetime: CUDA only (no streams on the CPU)")
+        q, k, v = split(x @ wq), split(x @ wk), split(x @ wv)
+        s = (q @ k.transpose(0, 1, 3, 2)).astype(jnp.float32) * (dh**-0.5)
+        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -1e9)
+        logp = jax.nn.log_softmax(s, axis=-1)
+        p = jnp.exp(logp)
+        ent = -(p * logp).sum(-1).mean(1)
+        o = (p.astype(x.dtype) @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
+        return x + o @ wo, ent
 
-    print(table(rows, lifetimes, j2t_version), flush=True)
-    for n in notes:
-        print(f"note: {n}", flush=True)
-    emit(figure="result", ok=not failures, failures=failures)
-    sys.exit(1 if failures else 0)
+    def attention_torch(x, wq, wk, wv, wo):
+        b, t, d = x.shape
+        nh = heads(d)
+        dh = d // nh
+
+        def split(z):
+            return z.reshape(b, t, nh, dh).transpose(1, 2)
+
+        q, k, v = split(x @ wq), split(x @ wk), split(x @ wv)
+        s = (q @ k.transpose(-1, -2)).float() * (dh**-0.5)
+        key = (t, x.device)
+        if key not in masks:
+            masks[key] = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        s = s.masked_fill(~masks[key], -1e9)
+        logp = torch.log_softmax(s, dim=-1)
+        p = logp.exp()
+        ent = -(p * logp).sum(-1).mean(1)
+        o = (p.to(x.dtype) @ v).transpose(1, 2).reshape(b, t, d)
+        return x + o @ wo, ent
+
+    def attn_params(torch, dims, dev):
+        _, _, dim = dims
+        g = torch.Generator(device=dev).manual_seed(0)
+        w_in = torch.randn(dim, dim, device=dev, generator=g) / dim**0.5
+        b_in = torch.randn(dim, device=dev, generator=g) * 0.1
+        ws = [torch.randn(dim, dim, device=dev, generator=g) / dim**0.5 for _ in range(4)]
+        return [w_in, b_in, *ws]
+
+    def attn_data(torch, dims, dev, tdt):
+        batch, tokens, dim = dims
+        g = torch.Generator(device=dev).manual_seed(1)
+        x = torch.randn(batch, tokens, dim, device=dev, generator=g).to(tdt)
+        tgt = torch.randn(batch, tokens, dim, device=dev, generator=g)
+        return x, tgt
+
+    def attn_front(params, x):
+        w_in, b_in, wq, wk, wv, wo = params
+        return (x @ w_in + b_in, wq, wk, wv, wo)
+
+    def attn_split(flat, x):
+        """torch-jax-interop's one packed output back into the two (views)."""
+        n = x.numel()
+        return flat[:n].view(x.shape), flat[n:].view(x.shape[:2])
+
+    attn = types.SimpleNamespace(
+        name="attn",
+        names=("w_in", "b_in", "wq", "wk", "wv", "wo"),
+        parse=lambda s: tuple(int(v) for v in s.lower().split("x")),
+        make_params=attn_params,
+        make_data=attn_data,
+        front=attn_front,
+        front_jax=attn_front,
+        layer_jax=attention_jax,
+        layer_torch=attention_torch,
+        loss=lambda outs, tgt: (outs[0].float() - tgt).square().mean() + ENT_WEIGHT * outs[1].float().mean(),
+        loss_jax=lambda outs, ts: ((outs[0] - ts) ** 2).mean() + ENT_WEIGHT * outs[1].mean(),
+        n_out=2,
+        split=attn_split,
+    )
+    for mdl, n in ((mlp, 2), (attn, 3)):
+        parse = mdl.parse
+
+        def checked(s, parse=parse, n=n, name=mdl.name):
+            dims = parse(s)
+            if len(dims) != n:
+                raise SystemExit(f"{name} size {s!r}: want {n} numbers joined by x")
+            return dims
+
+        mdl.parse = checked
+    return {"mlp": mlp, "attn": attn}
+
+
+def select_route(handoff, route):
+    """--route: handoff._handoff._set_route(route) when this handoff has it; returns
+    handoff.routes() (None when it has no such function)."""
+    setter = getattr(getattr(handoff, "_handoff", None), "_set_route", None)
+    if route is not None:
+        if setter is None:
+            notes.append(f"--route {route}: this handoff has no _handoff._set_route; its only route ran")
+        else:
+            setter(route)
+    routes = handoff.routes() if hasattr(handoff, "routes") else None
+    if routes is not None:
+        routes = dict(routes)
+    if route == "public" and routes is not None:
+        ways = {k: routes.get(k) for k in ("torch_to_jax", "jax_to_torch")}
+        check(all(v == "public" for v in ways.values()), f"--route public: handoff.routes() gives {ways}")
+    return routes
+
+
+class Unavailable(RuntimeError):
+    """A compared package that is installed but does not import (its rows say why)."""
 
 
 def load_jax2torch(torch, jax):
     """jax2torch as published, with its two removed JAX calls mapped (see the module
-    docs); (None, reason) when it is not installed."""
+    docs); (False, None) when it is not installed, (None, the error) when it does not
+    import."""
     try:
         import importlib.metadata
 
@@ -297,8 +672,11 @@ def load_jax2torch(torch, jax):
         # The package's __init__ rebinds the name jax2torch.jax2torch to the function.
         impl = sys.modules["jax2torch.jax2torch"]
     except Exception as e:  # noqa: BLE001
-        notes.append(f"jax2torch not run: it does not import ({e})")
-        return None, None
+        if isinstance(e, ModuleNotFoundError) and e.name == "jax2torch":
+            notes.append("jax2torch not run: not installed")
+            return False, None
+        notes.append(f"jax2torch not run: it does not import ({type(e).__name__}: {e})")
+        return None, f"does not import: {type(e).__name__}: {e}"
     try:
         version = importlib.metadata.version("jax2torch")
     except Exception:  # noqa: BLE001
@@ -317,24 +695,46 @@ def load_jax2torch(torch, jax):
     return impl.jax2torch, version
 
 
-def make_params(torch, dim, dev):
-    g = torch.Generator(device=dev).manual_seed(0)
-    w1 = torch.randn(dim, dim, device=dev, generator=g) / dim**0.5
-    b1 = torch.randn(dim, device=dev, generator=g) * 0.1
-    gamma = 1.0 + 0.1 * torch.randn(dim, device=dev, generator=g)
-    beta = 0.1 * torch.randn(dim, device=dev, generator=g)
-    w2 = torch.randn(dim, dim, device=dev, generator=g) / dim**0.5
-    return [w1, b1, gamma, beta, w2]
+def load_torch_jax_interop():
+    """torch_jax_interop.WrappedJaxFunction as published; (False, None) when it is not
+    installed, (None, the error) when it does not import (it imports chex, which needs
+    absl-py and toolz; torch-jax-interop does not declare chex)."""
+    try:
+        import importlib.metadata
+
+        from torch_jax_interop import WrappedJaxFunction
+    except Exception as e:  # noqa: BLE001
+        if isinstance(e, ModuleNotFoundError) and e.name == "torch_jax_interop":
+            notes.append("torch-jax-interop not run: not installed")
+            return False, None
+        notes.append(f"torch-jax-interop not run: it does not import ({type(e).__name__}: {e})")
+        return None, f"does not import: {type(e).__name__}: {e}"
+    try:
+        version = importlib.metadata.version("torch_jax_interop")
+    except Exception:  # noqa: BLE001
+        version = "unknown"
+    return WrappedJaxFunction, version
 
 
-def forward_loss(mid, params, x, tgt):
-    w1, b1, gamma, beta, w2 = params
-    h = x @ w1 + b1
-    y = mid(h, gamma, beta, w2)
-    return (y.float() - tgt).square().mean()
+def tji_layer(wrapped, jax, jnp, m):
+    """The model's JAX layer through torch_jax_interop.WrappedJaxFunction (see the
+    module docs): no parameters held, every tensor an input; two outputs packed."""
+    if m.n_out == 1:
+        return wrapped(jax.jit(lambda params, *a: m.layer_jax(*a)), jax_params=())
+
+    def packed(params, *a):
+        outs = m.layer_jax(*a)
+        return jnp.concatenate([o.reshape(-1).astype(outs[0].dtype) for o in outs])
+
+    module = wrapped(jax.jit(packed), jax_params=())
+
+    def call(*tensors):
+        return m.split(module(*tensors), tensors[0])
+
+    return call
 
 
-def jax_reference(jax, jnp, middle_jax, init, x, tgt):
+def jax_reference(jax, jnp, m, init, x, tgt):
     """jax.grad of the same loss in float32 from the same values (rounded to x's dtype
     first, as the variants see them), with "highest" matmul precision."""
     import numpy as np
@@ -346,16 +746,14 @@ def jax_reference(jax, jnp, middle_jax, init, x, tgt):
     xs, ts = jnp.asarray(host(x)), jnp.asarray(tgt.cpu().numpy())
 
     def loss(ps):
-        w1, b1, gamma, beta, w2 = ps
-        h = xs @ w1 + b1
-        return ((middle_jax(h, gamma, beta, w2) - ts) ** 2).mean()
+        return m.loss_jax(m.layer_jax(*m.front_jax(ps, xs)), ts)
 
     with jax.default_matmul_precision("highest"):
         val, grads = jax.jit(jax.value_and_grad(loss))(ps)
     return {"loss": float(val), "grads": [np.asarray(g) for g in grads]}
 
 
-def rel_err(torch, got, want):
+def rel_err(got, want):
     import numpy as np
 
     g = got.detach().float().cpu().numpy().astype(np.float64)
@@ -428,7 +826,7 @@ def device_follows(torch, jax, layer):
         out[name] = (y, [t.grad for t in ts])
     devices = {n: {y.device.type, *(gr.device.type for gr in grads)} for n, (y, grads) in out.items()}
     err = worst_of(
-        [rel_err(torch, a, b.detach().cpu().numpy()) for a, b in zip(
+        [rel_err(a, b.detach().cpu().numpy()) for a, b in zip(
             [out["cuda"][0], *out["cuda"][1]], [out["cpu"][0], *out["cpu"][1]])]
     )
     ok = devices == {"cpu": {"cpu"}, "cuda": {"cuda"}} and err <= 1e-4
@@ -436,7 +834,7 @@ def device_follows(torch, jax, layer):
     check(ok, f"handoff.torch_function on CPU and CUDA tensors: devices {devices}, rel err {err:.3g}")
 
 
-def lifetime_checks(torch, jax, jnp, middles, variants, trials, cycles, dev):
+def lifetime_checks(torch, jax, jnp, mlp, middles, variants, trials, cycles, dev):
     """See the module docs: JAX-produced buffers dropped by PyTorch while PyTorch
     kernels reading them are queued on a non-blocking stream, JAX reallocating."""
     batch, dim = 1024, 1024  # float32
@@ -453,7 +851,7 @@ def lifetime_checks(torch, jax, jnp, middles, variants, trials, cycles, dev):
             torch.cuda._sleep(cycles)
             return g
 
-    init = make_params(torch, dim, dev)
+    init = mlp.make_params(torch, (batch, dim), dev)
     gen = torch.Generator(device=dev).manual_seed(2)
     x = torch.randn(batch, dim, device=dev, generator=gen)
     tgt = torch.randn(batch, dim, device=dev, generator=gen)
@@ -463,6 +861,8 @@ def lifetime_checks(torch, jax, jnp, middles, variants, trials, cycles, dev):
     results = {}
     for v in variants:
         mid = middles[v]
+        if isinstance(mid, Unavailable):
+            continue
         params = [p.clone().requires_grad_() for p in init]
         torch.cuda.synchronize()  # made on the default stream, read on `side`
 
@@ -492,19 +892,28 @@ def lifetime_checks(torch, jax, jnp, middles, variants, trials, cycles, dev):
                 c.block_until_ready()
             return value.item(), [p.grad.clone() for p in params]
 
-        quiet_loss, quiet = run(False)
-        right = 0
-        worst = 0.0
         t0 = time.perf_counter()
-        for _ in range(trials):
-            loss, grads = run(True)
-            errs = [rel_err(torch, g, q.cpu().numpy()) for g, q in zip(grads, quiet)]
-            err = worst_of([abs(loss - quiet_loss) / abs(quiet_loss), *errs])
-            worst = max(worst, err)
-            right += err <= 1e-5
+        try:
+            quiet_loss, quiet = run(False)
+            right = 0
+            worst = 0.0
+            for _ in range(trials):
+                loss, grads = run(True)
+                errs = [rel_err(g, q.cpu().numpy()) for g, q in zip(grads, quiet)]
+                err = worst_of([abs(loss - quiet_loss) / abs(quiet_loss), *errs])
+                worst = max(worst, err)
+                right += err <= 1e-5
+        except Exception as e:  # noqa: BLE001
+            torch.cuda.synchronize()
+            error = f"{type(e).__name__}: {e}"[:2000]
+            emit(figure="lifetime", model="mlp", variant=v, error=error)
+            if v not in REPORTED_ONLY:
+                check(False, f"{v} lifetime: raised {error[:300]}")
+            continue
         results[v] = (right, trials)
         emit(
             figure="lifetime",
+            model="mlp",
             variant=v,
             right=right,
             trials=trials,
@@ -519,23 +928,49 @@ def lifetime_checks(torch, jax, jnp, middles, variants, trials, cycles, dev):
     return results
 
 
-def table(rows, lifetimes, j2t_version):
+def variant_name(v, versions):
+    if v == "jax2torch" or v == "torch_jax_interop":
+        version = versions.get(v) or ""
+        return v.replace("_", "-") + ("" if version.startswith("does not import") else f" {version}")
+    if v == "floor":
+        return "floor (JAX layer alone)"
+    return v
+
+
+def table(rows, lifetimes, versions, routes):
+    head = "" if routes is None else f"handoff routes: {routes}\n"
     out = [
         "",
-        "| variant | dtype | batch x dim | ms/step | vs torch | host syncs | torch sync warnings | enqueue ms behind 50 ms | grad rel err (tol) | lifetime |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        head + "| model | variant | dtype | size | bound | ms/step | vs torch | host syncs | torch sync warnings | enqueue ms behind 50 ms | grad rel err (tol) | lifetime |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        name = r["variant"] + (f" {j2t_version}" if r["variant"] == "jax2torch" else "")
-        life = lifetimes.get(r["variant"])
+        name = variant_name(r["variant"], versions)
+        life = lifetimes.get(r["variant"]) if r["model"] == "mlp" else None
+        if "error" in r:
+            err = r["error"].replace("|", "/").replace("\n", " ")[:160]
+            out.append(
+                f"| {r['model']} | {name} | {r['dtype']} | {r['size']} | {r['bound']} | error: {err} "
+                "| - | - | - | - | - | - |"
+            )
+            continue
+        ratio = f"{r['ratio_to_torch']:.2f}x" if r.get("ratio_to_torch") else "-"
+        if "met" in r:
+            ratio += f" ({'met' if r['met'] else 'not met'}: <= {r['target']})"
+        grad = (
+            "{:.2g} ({}) {}".format(r["grad_err"], TOL[r["dtype"]], "ok" if r["grad_ok"] else "FAIL")
+            if "grad_err" in r
+            else "-"
+        )
         out.append(
-            "| {} | {} | {}x{} | {:.3f} | {} | {} | {} | {} | {:.2g} ({}) {} | {} |".format(
+            "| {} | {} | {} | {} | {} | {:.3f} | {} | {} | {} | {} | {} | {} |".format(
+                r["model"],
                 name,
                 r["dtype"],
-                r["batch"],
-                r["dim"],
+                r["size"],
+                r["bound"],
                 r["ms_per_step"],
-                f"{r['ratio_to_torch']:.2f}x" if r.get("ratio_to_torch") else "-",
+                ratio,
                 r.get("host_syncs", "-"),
                 r.get("sync_warnings", "-"),
                 (
@@ -543,13 +978,75 @@ def table(rows, lifetimes, j2t_version):
                     if "enqueue_ms_behind_50ms" in r
                     else "-"
                 ),
-                r["grad_err"],
-                TOL[r["dtype"]],
-                "ok" if r["grad_ok"] else "FAIL",
+                grad,
                 f"{life[0]}/{life[1]} right" if life else "-",
             )
         )
     return "\n".join(out)
+
+
+def ab_report(paths, base):
+    """--ab: handoff's step rows of labelled runs, one label against the others."""
+    ms = {}  # (label, model, size, dtype, variant) -> [ms]
+    ratio = {}  # the same -> [ratio_to_torch]
+    labels = []
+    bounds = {}
+    for path in paths:
+        try:
+            lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
+        except OSError as e:
+            print(f"ab: cannot read {path}: {e}", flush=True)
+            continue
+        for line in lines:
+            if not line.startswith("{"):
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if d.get("figure") != "step" or "ms_per_step" not in d or d.get("label") is None:
+                continue
+            key = (d["label"], d["model"], d["size"], d["dtype"], d["variant"])
+            ms.setdefault(key, []).append(d["ms_per_step"])
+            if d.get("ratio_to_torch"):
+                ratio.setdefault(key, []).append(d["ratio_to_torch"])
+            bounds[(d["model"], d["size"])] = d.get("bound")
+            if d["label"] not in labels:
+                labels.append(d["label"])
+    if base not in labels or len(labels) < 2:
+        print(f"ab: want step rows labelled {base!r} and another label; found {labels}", flush=True)
+        return 1
+    out = [
+        "",
+        f"| model | size | dtype | handoff ms ({base}) | handoff ms (other) | ratio | vs torch ({base}) | vs torch (other) | ratio of ratios |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    med = statistics.median
+    for cand in (lb for lb in labels if lb != base):
+        cells = sorted({k[1:4] for k in ms if k[0] == cand and k[4] == "handoff"})
+        for model, size, dtype in cells:
+            a, b = ms.get((base, model, size, dtype, "handoff")), ms[(cand, model, size, dtype, "handoff")]
+            if not a:
+                continue
+            r = med(b) / med(a)
+            ra, rb = ratio.get((base, model, size, dtype, "handoff")), ratio.get((cand, model, size, dtype, "handoff"))
+            rr = med(rb) / med(ra) if ra and rb else None
+            print(json.dumps({
+                "figure": "ab", "model": model, "size": size, "dtype": dtype,
+                "bound": bounds.get((model, size)), "base": base, "other": cand,
+                "base_ms": a, "other_ms": b, "ratio": round(r, 4),
+                "base_ratio_to_torch": ra, "other_ratio_to_torch": rb,
+                "ratio_of_ratios": round(rr, 4) if rr else None,
+                "target": AB_TARGET, "met": r <= AB_TARGET,
+            }), flush=True)
+            out.append(
+                f"| {model} | {size} | {dtype} | {med(a):.3f} | {med(b):.3f} ({cand}) | {r:.3f}x "
+                f"({'met' if r <= AB_TARGET else 'not met'}: <= {AB_TARGET}) | "
+                f"{f'{med(ra):.3f}x' if ra else '-'} | {f'{med(rb):.3f}x' if rb else '-'} | "
+                f"{f'{rr:.3f}x' if rr else '-'} |"
+            )
+    print("\n".join(out), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

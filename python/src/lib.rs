@@ -120,6 +120,7 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     main_thread::init(py)?;
     crossing::init()?;
     m.add_class::<ordered::Ordered>()?;
+    dlpark::python::producer::install_exchange_api::<ordered::Ordered>(py)?;
     m.add_function(wrap_pyfunction!(ordered::ordered, m)?)?;
     m.add_function(wrap_pyfunction!(crossing::to_jax, m)?)?;
     m.add_function(wrap_pyfunction!(crossing::to_torch, m)?)?;

@@ -6,13 +6,19 @@ use crate::capsule::{self, Taken};
 use crate::errors;
 use crate::mock::MockConsumer;
 use crate::streams::{self, Consumer, Requested};
-use handoff_runtime::ffi::DLDevice;
+use crate::torch_api::Torch;
+use dlpark::Managed;
+use dlpark::python::producer::DlpackExchangeProducer;
+use handoff_runtime::cuda::{self, DlpackStream};
+use handoff_runtime::ffi::DLManagedTensorVersioned;
+use handoff_runtime::ffi::{DLDevice, DLDeviceType};
 use handoff_runtime::{Access, Device, Handoff};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyTuple};
+use std::ffi::c_void;
 use std::sync::OnceLock;
 
 /// Where the wrapped object's tensor comes from.
@@ -33,6 +39,19 @@ enum Source {
         /// The CUDA device ordinal of the memory.
         ordinal: OnceLock<u32>,
     },
+}
+
+/// What a consumer asked `__dlpack__` for (decoded), or the C exchange API's request.
+#[derive(Clone, Copy)]
+struct Request<'a, 'py> {
+    /// The `stream` argument as given, passed on to the producer.
+    stream: Option<&'a Bound<'py, PyAny>>,
+    requested: Requested,
+    max_version: Option<&'a Bound<'py, PyAny>>,
+    dl_device: Option<&'a Bound<'py, PyAny>>,
+    copy: Option<&'a Bound<'py, PyAny>>,
+    /// The device the tensor is to be on.
+    target: DLDevice,
 }
 
 /// What `handoff.ordered(obj)` returns: an object that speaks `__dlpack__` /
@@ -116,23 +135,122 @@ impl Ordered {
         }
     }
 
-    /// The DLPack path: ask the producer, take its tensor in, wrap it for the consumer.
+    /// The producer's tensor for the consumer that asks with `request`: through
+    /// PyTorch's C exchange API for a plain torch tensor, else from the producer's
+    /// `__dlpack__` (or `__cuda_array_interface__`), taken in, checked, ordered. Also
+    /// whether a versioned export may carry it (the producer gave a versioned tensor).
+    fn take(&self, py: Python<'_>, request: &Request<'_, '_>) -> PyResult<(Handoff, bool)> {
+        let Request { stream, requested, max_version, dl_device, copy, target } = *request;
+        let (handoff, versioned) = match &self.source {
+            Source::Dlpack { dlpack, .. } => {
+                // Resolved before the producer is asked, on the consumer's thread (stream
+                // 2 is this thread's per-thread default stream).
+                let consumer = self.consumer(target, requested)?;
+                match self.via_torch_api(py, &consumer, requested, dl_device, copy)? {
+                    Some(handoff) => (handoff, true),
+                    None => {
+                        let dlpack = dlpack.bind(py);
+                        self.ask_producer(py, dlpack, stream, &consumer, max_version, dl_device, copy)?
+                    }
+                }
+            }
+            Source::Cai { ordinal } => {
+                if let Some(c) = copy
+                    && c.is_truthy()?
+                {
+                    return Err(PyBufferError::new_err(
+                        "copy=True: handoff.ordered never copies a __cuda_array_interface__ object",
+                    ));
+                }
+                let ordinal = self.cai_ordinal(py, ordinal)?;
+                if target != DLDevice::cuda(ordinal as i32) {
+                    return Err(PyBufferError::new_err(format!(
+                        "dl_device ({}, {}): the memory is on CUDA device {ordinal} and handoff does not copy",
+                        target.device_type.0, target.device_id
+                    )));
+                }
+                let consumer = self.consumer(target, requested)?;
+                (cai::handoff(self.obj.bind(py), ordinal, &consumer, self.access)?, true)
+            }
+        };
+        check_device(&handoff, target)?;
+        if handoff.is_copied() && copy.is_some_and(|c| c.extract::<bool>().is_ok_and(|c| !c)) {
+            return Err(PyBufferError::new_err(
+                "copy=False, but the producer's tensor is a copy (its flags have IS_COPIED): \
+                 the producer did not honor copy=False",
+            ));
+        }
+        if let Some(m) = &self.mock {
+            m.consumer_work();
+        }
+        Ok((handoff, versioned))
+    }
+
+    /// A plain torch tensor's export, as its own `__dlpack__(stream=...)` would make it,
+    /// through PyTorch's C exchange API (no Python call, see [`crate::torch_api`]): the
+    /// data made ready on the consumer's stream by a GPU wait behind PyTorch's current
+    /// stream. `None` where PyTorch's `__dlpack__` is left to answer: another producer, a
+    /// request it refuses or treats its own way (`dl_device`, `copy`, stream `2`, a
+    /// stream for a CPU tensor), a tensor it refuses.
+    fn via_torch_api(
+        &self,
+        py: Python<'_>,
+        consumer: &Consumer,
+        requested: Requested,
+        dl_device: Option<&Bound<'_, PyAny>>,
+        copy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Handoff>> {
+        if self.mock.is_some() || dl_device.is_some() || copy.is_some() {
+            return Ok(None);
+        }
+        let Some(Ok(torch)) = Torch::get(py, false)? else { return Ok(None) };
+        let obj = self.obj.bind(py);
+        if !torch.is_tensor(obj) {
+            return Ok(None);
+        }
+        let cuda = match self.source {
+            Source::Dlpack { device, .. } => device.device_type == DLDeviceType::CUDA,
+            Source::Cai { .. } => return Ok(None),
+        };
+        let plain = match requested {
+            Requested::Value(DlpackStream::PerThread) => false,
+            _ if cuda => true,
+            Requested::Default | Requested::Value(DlpackStream::NoSync) => true,
+            Requested::Value(_) => false,
+        };
+        if !plain {
+            return Ok(None);
+        }
+        let Some(exported) = torch.export(obj, false)? else { return Ok(None) };
+        if cuda && !consumer.no_sync {
+            let dl = exported.device();
+            let raw = torch.current_stream(py, dl)?;
+            let ordinal = u32::try_from(dl.device_id).unwrap_or(u32::MAX);
+            // SAFETY: PyTorch's current stream of the tensor's device, on its primary
+            // context; PyTorch keeps its streams for the process's life.
+            let producer = unsafe { cuda::stream(ordinal, raw) }.map_err(errors::to_py)?;
+            handoff_runtime::order(Some(&producer), &consumer.stream).map_err(errors::to_py)?;
+        }
+        let raw = capsule::deleted_on_main_thread(exported.into_raw());
+        // SAFETY: an owned managed tensor of PyTorch's, behind the main-thread proxy;
+        // `from_raw` validates it and calls its deleter once on every path.
+        let handoff = unsafe { Handoff::from_raw(raw, &consumer.stream, self.access) };
+        handoff.map(Some).map_err(errors::to_py)
+    }
+
+    /// Asks the producer's `__dlpack__` with the consumer's arguments and takes its
+    /// tensor in; also whether its capsule was versioned.
     #[allow(clippy::too_many_arguments)]
-    fn via_producer<'py>(
+    fn ask_producer<'py>(
         &self,
         py: Python<'py>,
         dlpack: &Bound<'py, PyAny>,
         stream: Option<&Bound<'py, PyAny>>,
-        requested: Requested,
+        consumer: &Consumer,
         max_version: Option<&Bound<'py, PyAny>>,
         dl_device: Option<&Bound<'py, PyAny>>,
         copy: Option<&Bound<'py, PyAny>>,
-        target: DLDevice,
-        versioned: bool,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        // Resolved before the producer is asked, on the consumer's thread (stream 2 is
-        // this thread's per-thread default stream).
-        let consumer = self.consumer(target, requested)?;
+    ) -> PyResult<(Handoff, bool)> {
         let kwargs = PyDict::new(py);
         kwargs.set_item(intern!(py, "stream"), stream)?;
         if let Some(v) = max_version {
@@ -168,18 +286,57 @@ impl Ordered {
                 Taken::Legacy(p) => Handoff::from_raw_legacy(p, &consumer.stream, self.access),
             }
         };
-        let handoff = result.map_err(errors::to_py)?;
-        check_device(&handoff, target)?;
-        if handoff.is_copied() && copy.is_some_and(|c| c.extract::<bool>().is_ok_and(|c| !c)) {
-            return Err(PyBufferError::new_err(
-                "copy=False, but the producer's tensor is a copy (its flags have IS_COPIED): \
-                 the producer did not honor copy=False",
-            ));
+        Ok((result.map_err(errors::to_py)?, matches!(taken, Taken::Versioned(_))))
+    }
+}
+
+// SAFETY: no borrowed-view callback (`HAS_DLTENSOR_VIEW` is false); the managed tensors
+// are handoff's own (`capsule::into_managed`), whose deleter releases the producer's
+// tensor in stream order, once; `current_work_stream` gives a stream that lives as long
+// as the process (PyTorch's current stream, or the legacy default stream).
+unsafe impl DlpackExchangeProducer for Ordered {
+    /// The wrapped tensor, made ready on the stream [`Self::current_work_stream`] reports
+    /// for its device (by the producer, or a GPU wait), released after the work queued
+    /// there: what `__dlpack__(stream=<that stream>, max_version=(1, 3))` gives.
+    fn managed_tensor_no_sync(&self, py: Python<'_>) -> PyResult<Managed<DLManagedTensorVersioned>> {
+        let target = self.device(py)?;
+        let (requested, stream) = if target.device_type == DLDeviceType::CUDA {
+            let raw = work_stream(py, target)? as u64;
+            let value = DlpackStream::from_raw(raw);
+            (Requested::Value(value), Some(value.value().into_pyobject(py)?.into_any()))
+        } else {
+            (Requested::Default, None)
+        };
+        let version = PyTuple::new(py, [1u32, 3])?.into_any();
+        let request = Request {
+            stream: stream.as_ref(),
+            requested,
+            max_version: Some(&version),
+            dl_device: None,
+            copy: None,
+            target,
+        };
+        let (handoff, _) = self.take(py, &request)?;
+        // SAFETY: handoff's own managed tensor, owned here from now on.
+        unsafe { Managed::from_raw(capsule::into_managed(handoff)) }
+            .map_err(|e| PyBufferError::new_err(e.to_string()))
+    }
+
+    fn current_work_stream(py: Python<'_>, device: DLDevice) -> PyResult<*mut c_void> {
+        if device.device_type != DLDeviceType::CUDA {
+            return Ok(std::ptr::null_mut());
         }
-        if let Some(m) = &self.mock {
-            m.consumer_work();
-        }
-        capsule::export(py, handoff, versioned && matches!(taken, Taken::Versioned(_)))
+        work_stream(py, device)
+    }
+}
+
+/// The stream `handoff.ordered` objects report through their C exchange API on a CUDA
+/// device: PyTorch's current stream of that device when PyTorch is imported (where a
+/// PyTorch program's next kernel runs), else the legacy default stream (`0`).
+fn work_stream(py: Python<'_>, device: DLDevice) -> PyResult<*mut c_void> {
+    match Torch::get(py, false)? {
+        Some(Ok(torch)) => Ok(torch.current_stream(py, device)? as *mut c_void),
+        _ => Ok(std::ptr::null_mut()),
     }
 }
 
@@ -268,41 +425,9 @@ impl Ordered {
             Some(d) => streams::parse_device(d, "dl_device")?,
             None => self.device(py)?,
         };
-        match &self.source {
-            Source::Dlpack { dlpack, .. } => self.via_producer(
-                py,
-                dlpack.bind(py),
-                stream,
-                requested,
-                max_version,
-                dl_device,
-                copy,
-                target,
-                versioned,
-            ),
-            Source::Cai { ordinal } => {
-                if let Some(c) = copy
-                    && c.is_truthy()?
-                {
-                    return Err(PyBufferError::new_err(
-                        "copy=True: handoff.ordered never copies a __cuda_array_interface__ object",
-                    ));
-                }
-                let ordinal = self.cai_ordinal(py, ordinal)?;
-                if target != DLDevice::cuda(ordinal as i32) {
-                    return Err(PyBufferError::new_err(format!(
-                        "dl_device ({}, {}): the memory is on CUDA device {ordinal} and handoff does not copy",
-                        target.device_type.0, target.device_id
-                    )));
-                }
-                let consumer = self.consumer(target, requested)?;
-                let handoff = cai::handoff(self.obj.bind(py), ordinal, &consumer, self.access)?;
-                if let Some(m) = &self.mock {
-                    m.consumer_work();
-                }
-                capsule::export(py, handoff, versioned)
-            }
-        }
+        let request = Request { stream, requested, max_version, dl_device, copy, target };
+        let (handoff, producer_versioned) = self.take(py, &request)?;
+        capsule::export(py, handoff, versioned && producer_versioned)
     }
 
     /// Tests only: moves the simulated clock of a `_mock_ordered` wrapper.

@@ -322,19 +322,23 @@ def test_the_training_comparison_runs_on_the_cpu(route):
     import sys
 
     script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "train_three_way.py")
-    args = ["--device", "cpu", "--sizes", "16x32", "--dtypes", "f32", "bf16"]
-    args += ["--variants", "torch", "handoff", "--warmup", "1", "--steps", "2", "--reps", "1"]
-    env = {**os.environ, "HANDOFF_ROUTE": route}
+    args = ["--device", "cpu", "--small", "--route", route]
     r = subprocess.run(
-        [sys.executable, script, *args], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, script, *args], capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-    figures = [x["figure"] for x in lines]
-    assert figures.count("grad_agreement") == 4 and figures.count("step") == 4
+    agreement = [x for x in lines if x["figure"] == "grad_agreement"]
+    # Both models (the MLP and the two-output attention block), both dtypes, PyTorch
+    # and handoff, each against jax.grad.
+    assert {(x["model"], x["variant"], x["dtype"]) for x in agreement} == {
+        (m, v, d) for m in ("mlp", "attn") for v in ("torch", "handoff") for d in ("f32", "bf16")
+    }
+    assert all(x["ok"] for x in agreement)
+    handoff_steps = [x for x in lines if x["figure"] == "step" and x["variant"] == "handoff"]
+    assert len(handoff_steps) == 4 and all(x["host_syncs"] == 0 for x in handoff_steps)
     assert lines[-1] == {"figure": "result", "ok": True, "failures": []}
-    assert all(x["ok"] for x in lines if x["figure"] == "grad_agreement")
-    assert "| handoff | f32 | 16x32 |" in r.stdout
+    assert "| mlp | handoff | f32 |" in r.stdout and "| attn | handoff | bf16 |" in r.stdout
 
 
 def test_training_matches_pure_pytorch(x64):

@@ -9,7 +9,8 @@
 //!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy, JAX and
 //!   PyTorch on the CPU; PyTorch from [`TORCH`]).
 //! - `cargo xtask gpu-bundle`: the wheel, `python/tests/gpu_h200.py`,
-//!   `bench/train_three_way.py` and the jax2torch wheel it compares with, and
+//!   `bench/train_three_way.py` and the wheels of the packages it compares with
+//!   ([`COMPARED`]: jax2torch, torch-jax-interop and what the latter imports), and
 //!   `bench/python_host_cost.py` (issue 32) go into
 //!   `gpu-bundle/`, and `run.sh` installs the wheels into a temporary directory with the
 //!   GPU machine's own Python (torch and JAX there) and runs the scripts ([`RUN_STEP`]).
@@ -67,14 +68,25 @@ const VENV: &str = ".deps/py-venv";
 const MANIFEST: &str = "python/Cargo.toml";
 const WHEELS: &str = "python/target/wheels";
 const GPU_SCRIPT: &str = "python/tests/gpu_h200.py";
-/// The three-way training comparison (pure PyTorch, jax2torch, handoff.torch_function).
+/// The training comparison (pure PyTorch, jax2torch, torch-jax-interop,
+/// handoff.torch_function, the JAX layer alone).
 const TRAIN_SCRIPT: &str = "bench/train_three_way.py";
-/// The published package that runs a JAX function in PyTorch's autograd, which
-/// [`TRAIN_SCRIPT`] compares with (its last release, 2021; pure Python).
-const JAX2TORCH: &str = "jax2torch==0.0.7";
+/// What [`TRAIN_SCRIPT`] compares with, as published on PyPI, and what those import that
+/// the GPU machine's Python lacks (it has torch, JAX, NumPy, typing_extensions): pure
+/// Python wheels (`py3-none-any`), each a requirement and its wheel's file-name prefix,
+/// downloaded once into `.deps/wheels/` and installed there with `--no-deps`.
+/// jax2torch 0.0.7 (2021, its last release) and torch-jax-interop 0.0.8 run a JAX
+/// function in PyTorch's autograd; torch-jax-interop imports chex (not among its declared
+/// requirements), which imports absl-py and toolz.
+const COMPARED: &[(&str, &str)] = &[
+    ("jax2torch==0.0.7", "jax2torch-0.0.7-"),
+    ("torch-jax-interop==0.0.8", "torch_jax_interop-0.0.8-"),
+    ("chex==0.1.92", "chex-0.1.92-"),
+    ("absl-py==2.5.1", "absl_py-2.5.1-"),
+    ("toolz==1.2.0", "toolz-1.2.0-"),
+];
 /// The host cost of `handoff.ordered` against plain `from_dlpack`, both ways (issue 32).
 const HOST_COST_SCRIPT: &str = "bench/python_host_cost.py";
-const JAX2TORCH_WHEEL_PREFIX: &str = "jax2torch-0.0.7-";
 
 /// The virtual environment's Python, made (or brought to [`PINS`] and [`TORCH`]) if
 /// needed.
@@ -164,23 +176,25 @@ pub fn test(root: &Path, lint: bool) -> Result<(), String> {
 }
 
 /// Builds the wheel and copies it, the GPU script, the training comparison and the
-/// jax2torch wheel it compares with into the bundle directory `out`; returns the bytes
-/// added.
+/// wheels of the packages it compares with ([`COMPARED`]) into the bundle directory
+/// `out`; returns the bytes added.
 pub fn bundle(root: &Path, out: &Path) -> Result<u64, String> {
     let python = venv(root)?;
     let wheel = build_wheel(root, &python)?;
-    let jax2torch = jax2torch_wheel(root, &python)?;
-    let mut size = 0;
-    for (src, name) in [
-        (wheel.clone(), wheel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
+    let file_name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut files = vec![
+        (wheel.clone(), file_name(&wheel)),
         (root.join(GPU_SCRIPT), "python_gpu_h200.py".to_string()),
         (root.join(TRAIN_SCRIPT), "train_three_way.py".to_string()),
         (root.join(HOST_COST_SCRIPT), "python_host_cost.py".to_string()),
-        (
-            jax2torch.clone(),
-            jax2torch.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        ),
-    ] {
+    ];
+    for (requirement, prefix) in COMPARED {
+        let w = pypi_wheel(root, &python, requirement, prefix)?;
+        let name = file_name(&w);
+        files.push((w, name));
+    }
+    let mut size = 0;
+    for (src, name) in files {
         let dst = out.join(&name);
         std::fs::copy(&src, &dst).map_err(|e| format!("cannot copy {}: {e}", src.display()))?;
         let len = std::fs::metadata(&dst).map_err(|e| e.to_string())?.len();
@@ -190,16 +204,17 @@ pub fn bundle(root: &Path, out: &Path) -> Result<u64, String> {
     Ok(size)
 }
 
-/// The wheel of [`JAX2TORCH`] in `.deps/wheels/`, downloaded once (pure Python, no
-/// dependencies installed: the GPU machine has torch and JAX, and no network).
-fn jax2torch_wheel(root: &Path, python: &Path) -> Result<PathBuf, String> {
+/// The wheel of `requirement` (one of [`COMPARED`], its file name starting with
+/// `prefix`) in `.deps/wheels/`, downloaded once (pure Python, no dependencies
+/// installed: the GPU machine has torch and JAX, and no network).
+fn pypi_wheel(root: &Path, python: &Path, requirement: &str, prefix: &str) -> Result<PathBuf, String> {
     let dir = root.join(".deps/wheels");
     let find = || {
         std::fs::read_dir(&dir).ok().and_then(|entries| {
             entries.flatten().map(|e| e.path()).find(|p| {
                 p.file_name().is_some_and(|n| {
                     let n = n.to_string_lossy();
-                    n.starts_with(JAX2TORCH_WHEEL_PREFIX) && n.ends_with(".whl")
+                    n.starts_with(prefix) && n.ends_with("-py3-none-any.whl")
                 })
             })
         })
@@ -215,18 +230,28 @@ fn jax2torch_wheel(root: &Path, python: &Path) -> Result<PathBuf, String> {
             "--quiet",
             "--disable-pip-version-check",
             "--no-deps",
-            JAX2TORCH,
+            "--only-binary=:all:",
+            requirement,
             "-d",
         ])
         .arg(&dir))?;
-    find().ok_or_else(|| format!("pip download {JAX2TORCH} left no wheel in {}", dir.display()))
+    find().ok_or_else(|| {
+        format!(
+            "pip download {requirement} left no pure-Python wheel ({prefix}*-py3-none-any.whl) in {}",
+            dir.display()
+        )
+    })
 }
 
 /// The `run.sh` steps: installs the bundled wheel into a temporary directory with the
 /// GPU machine's Python (no network: `--no-index`, else unzipped), runs the GPU script
 /// with it on `PYTHONPATH` (at most 540 s), logs to `$LOGS/python_handoff.log`; then
-/// the same with the jax2torch wheel beside it for `train_three_way.py`, logs to
-/// `$LOGS/train_three_way.log`.
+/// the same with the compared packages' wheels ([`COMPARED`]) beside it for
+/// `train_three_way.py`, logs to `$LOGS/train_three_way.log`; then, only where the bundle
+/// holds a previous handoff wheel (`prev/handoff-*.whl`, `baseline/handoff-*.whl` or
+/// `handoff_prev-*.whl`), the A/B of the two wheels at the GPU-bound sizes: the script's
+/// light run (pure PyTorch and handoff) with each wheel in turns, `AB_ROUNDS` times
+/// (default 2), then its `--ab` report (`$LOGS/train_three_way_ab*.log`).
 pub const RUN_STEP: &str = r#"
 # handoff for Python: the bundled wheel, installed with the machine's own Python (its
 # torch and JAX), and python_gpu_h200.py (JSON lines; exit 1 on a failed check).
@@ -258,15 +283,18 @@ if [ -z "${ONLY:-}" ] || [[ "python_handoff" == *"$ONLY"* ]]; then
   fi
 fi
 
-# Training through a JAX kernel, three ways (issue 32): pure PyTorch, jax2torch (the
-# bundled wheel) and handoff.torch_function; JSON lines, a markdown table, exit 1 on a
-# failed check (bench/train_three_way.py says which).
+# Training through a JAX layer (issues 32 and 38): pure PyTorch, jax2torch and
+# torch-jax-interop (the bundled wheels, with chex, absl-py and toolz, which the latter
+# imports), handoff.torch_function and the JAX layer alone, an MLP and an attention block;
+# JSON lines, a markdown table, exit 1 on a failed check (bench/train_three_way.py says
+# which).
 if [ -z "${ONLY:-}" ] || [[ "train_three_way" == *"$ONLY"* ]]; then
   echo "== train_three_way"
   PY="${PYTHON:-python3}"
   if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
   WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
-  J2T="$(ls "$HERE"/jax2torch-*.whl 2>/dev/null | head -n 1)"
+  COMPARED="$(ls "$HERE"/jax2torch-*.whl "$HERE"/torch_jax_interop-*.whl "$HERE"/chex-*.whl \
+    "$HERE"/absl_py-*.whl "$HERE"/toolz-*.whl 2>/dev/null)"
   TRAIN_PY="$HERE/train_three_way.py"
   [ -f "$TRAIN_PY" ] || TRAIN_PY="$HERE/../bench/train_three_way.py"
   LOG="$LOGS/train_three_way.log"
@@ -275,13 +303,13 @@ if [ -z "${ONLY:-}" ] || [[ "train_three_way" == *"$ONLY"* ]]; then
   else
     TMP_PY="$(mktemp -d)"
     {
-      for W in "$WHEEL" $J2T; do
+      for W in "$WHEEL" $COMPARED; do
         "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/site" "$W" \
           || "$PY" -m zipfile -e "$W" "$TMP_PY/site"
       done
     } > "$LOG" 2>&1
     PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 540 "$PY" "$TRAIN_PY" >> "$LOG" 2>&1; rc=$?
-    grep -E '^\{|^\||SKIPPED:|^note:|CHECK FAILED' "$LOG" | sed 's/^/   /'
+    grep -E '^\{|^\||^handoff routes:|SKIPPED:|^note:|CHECK FAILED' "$LOG" | sed 's/^/   /'
     if [ "$rc" -ne 0 ]; then
       failed=$((failed + 1)); echo "   FAILED (exit $rc)"; tail -n 30 "$LOG" | sed 's/^/   | /'
       echo "FAIL train_three_way exit=$rc" >> "$SUMMARY"
@@ -289,6 +317,65 @@ if [ -z "${ONLY:-}" ] || [[ "train_three_way" == *"$ONLY"* ]]; then
       echo "ok   train_three_way" >> "$SUMMARY"
     fi
     rm -rf "$TMP_PY"
+  fi
+fi
+
+# The A/B of two handoff wheels (issue 38), only where the bundle holds a previous one
+# (prev/handoff-*.whl, baseline/handoff-*.whl or handoff_prev-*.whl): train_three_way.py
+# at the GPU-bound sizes, pure PyTorch and handoff, run with the previous wheel and with
+# this one in turns, AB_ROUNDS times (default 2), then its --ab report: per model, size
+# and dtype, this wheel's ms per step over the previous one's (medians over the rounds;
+# target <= 1.03, reported, not a check) and the same over their ratios to PyTorch. A run
+# that fails a check (or exits otherwise than 0) fails the step.
+if [ -z "${ONLY:-}" ] || [[ "train_three_way_ab" == *"$ONLY"* ]]; then
+  PREV="$(ls "$HERE"/prev/handoff-*.whl "$HERE"/baseline/handoff-*.whl "$HERE"/handoff_prev-*.whl 2>/dev/null | head -n 1)"
+  if [ -n "$PREV" ]; then
+    echo "== train_three_way_ab (${PREV#"$HERE"/} against this bundle's wheel)"
+    PY="${PYTHON:-python3}"
+    if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
+    WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
+    TRAIN_PY="$HERE/train_three_way.py"
+    [ -f "$TRAIN_PY" ] || TRAIN_PY="$HERE/../bench/train_three_way.py"
+    LOG="$LOGS/train_three_way_ab.log"
+    rm -f "$LOGS"/train_three_way_ab_*.log
+    if [ -z "$WHEEL" ] || [ ! -f "$TRAIN_PY" ]; then
+      echo "SKIP train_three_way_ab: no handoff wheel or train_three_way.py in $HERE" >> "$SUMMARY"
+    else
+      TMP_PY="$(mktemp -d)"
+      {
+        "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/new" "$WHEEL" \
+          || "$PY" -m zipfile -e "$WHEEL" "$TMP_PY/new"
+        "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/prev" "$PREV" \
+          || "$PY" -m zipfile -e "$PREV" "$TMP_PY/prev"
+      } > "$LOG" 2>&1
+      ab_failed=""
+      ab_skipped=""
+      for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+        for which in prev new; do
+          L="$LOGS/train_three_way_ab_${which}_$round.log"
+          PYTHONPATH="$TMP_PY/$which${PYTHONPATH:+:$PYTHONPATH}" timeout 240 "$PY" "$TRAIN_PY" \
+            --label "$which" --bound gpu --variants torch handoff --trials 0 > "$L" 2>&1; rc=$?
+          grep -E '"figure": "env"|CHECK FAILED|SKIPPED:' "$L" | cut -c1-400 | sed "s/^/   $which $round: /"
+          if grep -q 'SKIPPED:' "$L"; then ab_skipped=1; fi
+          if [ "$rc" -ne 0 ]; then
+            ab_failed="$ab_failed $which-$round=$rc"; tail -n 30 "$L" | sed 's/^/   | /'
+          fi
+        done
+      done
+      if [ -n "$ab_skipped" ] && [ -z "$ab_failed" ]; then
+        echo "SKIP train_three_way_ab: $(grep -h -m 1 'SKIPPED:' "$LOGS"/train_three_way_ab_*.log | head -n 1)" >> "$SUMMARY"
+      else
+        timeout 60 "$PY" "$TRAIN_PY" --ab "$LOGS"/train_three_way_ab_*.log --ab-base prev >> "$LOG" 2>&1; rc=$?
+        grep -E '^\{|^\||^ab:' "$LOG" | sed 's/^/   /'
+        if [ -n "$ab_failed" ] || [ "$rc" -ne 0 ]; then
+          failed=$((failed + 1)); echo "   FAILED (runs:${ab_failed:- ok}; report exit $rc)"
+          echo "FAIL train_three_way_ab runs:${ab_failed:- ok} report=$rc" >> "$SUMMARY"
+        else
+          echo "ok   train_three_way_ab" >> "$SUMMARY"
+        fi
+      fi
+      rm -rf "$TMP_PY"
+    fi
   fi
 fi
 
