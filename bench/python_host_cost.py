@@ -351,6 +351,36 @@ def main():
                  host_syncs=after["host_syncs"] - before["host_syncs"],
                  pending_after_loop=after["pending"])
 
+    # ---- the floor: the frameworks' own pieces, each timed alone ------------------------
+    # A native crossing calls one piece of each framework; what handoff adds is the rest.
+    def alone(make, call):
+        """Median µs of ``call(x)`` over ``args.n`` inputs made beforehand by ``make``."""
+        times, kept = [], []
+        for _ in range(args.n // args.batch):
+            inputs = [make() for _ in range(args.batch)]
+            for x_ in inputs:
+                t0 = time.perf_counter_ns()
+                r = call(x_)
+                times.append(time.perf_counter_ns() - t0)
+                kept.append(r)
+            del inputs
+            kept.clear()
+        return rnd(statistics.median(times) / 1e3)
+
+    if to_buffer is not None and to_capsule is not None and torch_from_capsule is not None:
+        extra = (dl_type,) if jaxlib_extension_version is not None and jaxlib_extension_version >= 467 else ()
+        emit(
+            figure="parts",
+            n=args.n,
+            torch_dlpack_us=alone(lambda: None, lambda _: t.__dlpack__(stream=jax_stream)),
+            jax_to_buffer_us=alone(lambda: t.__dlpack__(stream=jax_stream),
+                                   lambda c: to_buffer(c, jdev, jax_stream, None, *extra)),
+            jax_to_capsule_us=alone(lambda: None, lambda _: to_capsule(x_buffer, stream=torch_stream)),
+            torch_from_capsule_us=alone(lambda: to_capsule(x_buffer, stream=torch_stream), torch_from_capsule),
+            note="to_jax's floor is jax_to_buffer_us; to_torch's is jax_to_capsule_us + torch_from_capsule_us "
+                 "(the C exchange API's import costs about what torch._C._from_dlpack does)",
+        )
+
     end = handoff.stats()
     check(end["host_syncs"] == start["host_syncs"],
           f"{end['host_syncs'] - start['host_syncs']} host syncs counted during the timed loops")

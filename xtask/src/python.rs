@@ -11,7 +11,7 @@
 //! - `cargo xtask gpu-bundle`: the wheel, `python/tests/gpu_h200.py`,
 //!   `bench/train_three_way.py` and the wheels of the packages it compares with
 //!   ([`COMPARED`]: jax2torch, torch-jax-interop and what the latter imports), and
-//!   `bench/python_host_cost.py` (issue 32) go into
+//!   `bench/python_host_cost.py` go into
 //!   `gpu-bundle/`, and `run.sh` installs the wheels into a temporary directory with the
 //!   GPU machine's own Python (torch and JAX there) and runs the scripts ([`RUN_STEP`]).
 
@@ -85,7 +85,8 @@ const COMPARED: &[(&str, &str)] = &[
     ("absl-py==2.5.1", "absl_py-2.5.1-"),
     ("toolz==1.2.0", "toolz-1.2.0-"),
 ];
-/// The host cost of `handoff.ordered` against plain `from_dlpack`, both ways (issue 32).
+/// The host cost of each crossing, both ways: plain `from_dlpack`, through `handoff.ordered`,
+/// `handoff.to_jax`/`to_torch` on each route, and the frameworks' own entry points.
 const HOST_COST_SCRIPT: &str = "bench/python_host_cost.py";
 
 /// The virtual environment's Python, made (or brought to [`PINS`] and [`TORCH`]) if
@@ -379,10 +380,11 @@ if [ -z "${ONLY:-}" ] || [[ "train_three_way_ab" == *"$ONLY"* ]]; then
   fi
 fi
 
-# The host cost of handoff.ordered (issue 32): plain from_dlpack against
-# from_dlpack(handoff.ordered(...)) both ways, 256x256 f32, median of 3,000 alternating
-# calls, two rounds; JSON lines ("met": at most 3 µs added), exit 1 on a failed check
-# (wrong values, a host sync, a release pending or leaked).
+# The host cost of each crossing both ways: plain from_dlpack, through handoff.ordered,
+# handoff.to_jax/to_torch on each route, the frameworks' own entry points and their
+# pieces alone; 256x256 f32, median of 10,000 calls in turns, two rounds; JSON lines
+# (targets reported with "met"), exit 1 on a failed check (wrong values, a host sync, a
+# release pending or leaked).
 if [ -z "${ONLY:-}" ] || [[ "python_host_cost" == *"$ONLY"* ]]; then
   echo "== python_host_cost"
   PY="${PYTHON:-python3}"
