@@ -138,11 +138,7 @@ fn native_to_torch(py: Python<'_>) -> PyResult<Option<(&'static Torch, &'static 
 /// ```
 #[pyfunction]
 pub fn to_jax<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    let mut order = OrderOnce::default();
-    match native_to_jax(x.py())? {
-        Some((torch, jax)) if torch.is_tensor(x) => ToJax { torch, jax, detached: false }.one(x, &mut order),
-        _ => Public::to_jax(x),
-    }
+    cross_to_jax(native_to_jax(x.py())?, x, false, &mut OrderOnce::default())
 }
 
 /// `[to_jax(t.detach().contiguous()) for t in tensors]` for `handoff.torch_function`:
@@ -153,18 +149,28 @@ pub fn to_jax_many<'py>(py: Python<'py>, tensors: &Bound<'py, PyAny>) -> PyResul
     let mut order = OrderOnce::default();
     let out = PyList::empty(py);
     for t in tensors.try_iter()? {
-        let t = t?;
-        let y = match native {
-            Some((torch, jax)) if torch.is_tensor(&t) => {
-                ToJax { torch, jax, detached: true }.one(&t, &mut order)?
-            }
-            _ => Public::to_jax(
-                &t.call_method0(intern!(py, "detach"))?.call_method0(intern!(py, "contiguous"))?,
-            )?,
-        };
-        out.append(y)?;
+        out.append(cross_to_jax(native, &t?, true, &mut order)?)?;
     }
     Ok(out)
+}
+
+/// One crossing to JAX, of `x.detach().contiguous()` when `detached`.
+fn cross_to_jax<'py>(
+    native: Option<(&'static Torch, &'static Jax)>,
+    x: &Bound<'py, PyAny>,
+    detached: bool,
+    order: &mut OrderOnce,
+) -> PyResult<Bound<'py, PyAny>> {
+    match native {
+        Some((torch, jax)) if torch.is_tensor(x) => ToJax { torch, jax, detached }.one(x, order),
+        _ if detached => Public::to_jax(&detach_contiguous(x)?),
+        _ => Public::to_jax(x),
+    }
+}
+
+fn detach_contiguous<'py>(t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = t.py();
+    t.call_method0(intern!(py, "detach"))?.call_method0(intern!(py, "contiguous"))
 }
 
 /// `torch.from_dlpack(handoff.ordered(x, writable=writable))`, by the fastest route: a
@@ -180,13 +186,7 @@ pub fn to_jax_many<'py>(py: Python<'py>, tensors: &Bound<'py, PyAny>) -> PyResul
 #[pyo3(signature = (x, *, writable = false))]
 pub fn to_torch<'py>(x: &Bound<'py, PyAny>, writable: bool) -> PyResult<Bound<'py, PyAny>> {
     let access = if writable { Access::Write } else { Access::Read };
-    if let Some((torch, jax)) = native_to_torch(x.py())?
-        && jax.is_array(x)
-        && let Some(t) = jax_to_torch(torch, jax, x, access)?
-    {
-        return Ok(t);
-    }
-    Public::to_torch(x, access)
+    cross_to_torch(native_to_torch(x.py())?, x, access)
 }
 
 /// `[to_torch(a) for a in arrays]`, in one call (`handoff.torch_function`).
@@ -195,17 +195,24 @@ pub fn to_torch_many<'py>(py: Python<'py>, arrays: &Bound<'py, PyAny>) -> PyResu
     let native = native_to_torch(py)?;
     let out = PyList::empty(py);
     for a in arrays.try_iter()? {
-        let a = a?;
-        let t = match native {
-            Some((torch, jax)) if jax.is_array(&a) => match jax_to_torch(torch, jax, &a, Access::Read)? {
-                Some(t) => t,
-                None => Public::to_torch(&a, Access::Read)?,
-            },
-            _ => Public::to_torch(&a, Access::Read)?,
-        };
-        out.append(t)?;
+        out.append(cross_to_torch(native, &a?, Access::Read)?)?;
     }
     Ok(out)
+}
+
+/// One crossing to PyTorch.
+fn cross_to_torch<'py>(
+    native: Option<(&'static Torch, &'static Jax)>,
+    x: &Bound<'py, PyAny>,
+    access: Access,
+) -> PyResult<Bound<'py, PyAny>> {
+    if let Some((torch, jax)) = native
+        && jax.is_array(x)
+        && let Some(t) = jax_to_torch(torch, jax, x, access)?
+    {
+        return Ok(t);
+    }
+    Public::to_torch(x, access)
 }
 
 /// Orders PyTorch's stream before JAX's once per call of several crossings: one wait
@@ -238,8 +245,7 @@ impl ToJax {
     fn one<'py>(&self, t: &Bound<'py, PyAny>, order: &mut OrderOnce) -> PyResult<Bound<'py, PyAny>> {
         let py = t.py();
         if self.detached && !t.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
-            let dense = t.call_method0(intern!(py, "detach"))?.call_method0(intern!(py, "contiguous"))?;
-            return self.one(&dense, order);
+            return self.one(&detach_contiguous(t)?, order);
         }
         let Some(exported) = self.torch.export(t, self.detached)? else {
             return Public::to_jax(t); // PyTorch's own error, or a tensor it exports its own way

@@ -14,7 +14,7 @@ use handoff_runtime::ffi::{DLDevice, DLDeviceType};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{IntoPyDict, PyDict, PyType};
+use pyo3::types::{PyDict, PyType};
 use std::sync::Mutex;
 
 /// jaxlib's entry points and what `jax.dlpack.from_dlpack` does around them.
@@ -132,18 +132,24 @@ impl Jax {
         Ok(Ok(jax))
     }
 
-    /// A one-element CPU array through both entry points and back, with the arguments
-    /// the crossings pass, and the attribute [`Self::device_of`] reads.
+    /// A one-element array through both entry points and back, with the arguments the
+    /// crossings pass, and the attribute [`Self::device_of`] reads. On the CPU where JAX
+    /// has it (`JAX_PLATFORMS` may leave it out), else on the default device, where
+    /// jaxlib waits for the one element on the host, once.
     fn round_trip(&self, py: Python<'_>) -> PyResult<()> {
         let jax = py.import("jax")?;
-        let cpu = jax.call_method1("devices", ("cpu",))?.get_item(0)?;
-        let one = jax.call_method1("device_put", (py.import("numpy")?.call_method1("ones", (1,))?, &cpu))?;
-        let capsule =
-            self.from_buffer.bind(py).call((&one,), Some(&[("stream", py.None())].into_py_dict(py)?))?;
-        let back = self.call_to_buffer(py, &capsule, &cpu, None, DLDeviceType::CPU)?;
+        let device = match jax.call_method1("devices", ("cpu",)) {
+            Ok(cpus) => cpus.get_item(0)?,
+            Err(_) => jax.call_method0("devices")?.get_item(0)?,
+        };
+        let device_type = describe(&device)?.map_or(DLDeviceType::CPU, |d| d.device_type);
+        let ones = py.import("numpy")?.call_method1("ones", (1,))?;
+        let one = jax.call_method1("device_put", (ones, &device))?;
+        let capsule = self.call_from_buffer(&one, None)?;
+        let back = self.call_to_buffer(py, &capsule, &device, None, device_type)?;
         let same = back.call_method1("__eq__", (&one,))?.call_method0("all")?.is_truthy()?;
-        let device = one.getattr("sharding")?.getattr("_device")?;
-        if !same || !device.is(&cpu) || !back.get_type().is(self.array.bind(py)) {
+        let found = one.getattr("sharding")?.getattr("_device")?;
+        if !same || !found.is(&device) || !back.get_type().is(self.array.bind(py)) {
             return Err(pyo3::exceptions::PyValueError::new_err("the array came back different"));
         }
         Ok(())
@@ -259,10 +265,7 @@ impl Jax {
         array: &Bound<'py, PyAny>,
         stream: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let py = array.py();
-        let kwargs = PyDict::new(py);
-        kwargs.set_item(intern!(py, "stream"), stream)?;
-        self.from_buffer.bind(py).call((array,), Some(&kwargs))
+        self.from_buffer.bind(array.py()).call1((array, stream))
     }
 
     /// What `jax.dlpack.from_dlpack` returns for `array` made from a 64-bit tensor:
