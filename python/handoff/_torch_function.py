@@ -10,7 +10,10 @@ cotangents. Both are compiled once per input signature.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import warnings
+from collections import OrderedDict
 from typing import (
     Any,
     Callable,
@@ -31,13 +34,19 @@ __all__ = ["TorchFunction", "torch_function"]
 
 @overload
 def torch_function(
-    f: Callable[..., Any], *, static_argnums: Union[int, Iterable[int]] = ()
+    f: Callable[..., Any],
+    *,
+    static_argnums: Union[int, Iterable[int]] = (),
+    cache_size: int = 64,
 ) -> "TorchFunction": ...
 
 
 @overload
 def torch_function(
-    f: None = None, *, static_argnums: Union[int, Iterable[int]] = ()
+    f: None = None,
+    *,
+    static_argnums: Union[int, Iterable[int]] = (),
+    cache_size: int = 64,
 ) -> Callable[[Callable[..., Any]], "TorchFunction"]: ...
 
 
@@ -45,6 +54,7 @@ def torch_function(
     f: Optional[Callable[..., Any]] = None,
     *,
     static_argnums: Union[int, Iterable[int]] = (),
+    cache_size: int = 64,
 ) -> Any:
     """Turns the JAX function ``f`` into a function of PyTorch tensors that autograd
     differentiates (a ``torch.autograd.Function`` underneath), to call like a module's
@@ -83,7 +93,10 @@ def torch_function(
     ``jax.vjp``; the VJP is taken with respect to those inputs only, so nothing is
     computed for the others. Inputs that do not require grad get ``None``, and so do
     integer and bool inputs (indices, masks): they are non-differentiable, as in
-    PyTorch, where they cannot require grad. Integer and bool outputs are marked
+    PyTorch, where they cannot require grad. An input that no output used in the loss
+    reaches gets ``None`` too, as in PyTorch (so an optimizer with momentum or weight
+    decay leaves it alone); which inputs an output reaches is read from the function's
+    structure (its jaxpr), never from values. Integer and bool outputs are marked
     non-differentiable. Any pytree of arrays may be returned; the result has the same
     structure, with PyTorch tensors for leaves. Double backward is not supported (a
     backward with ``create_graph=True`` through it raises ``RuntimeError``). An input
@@ -91,12 +104,19 @@ def torch_function(
     for its own saved tensors.
 
     **Compilation.** The signature is the structure, shapes, dtypes and device of the
-    tensors, which of them need a gradient, and the static arguments. ``f`` is traced
+    tensors, which of them need a gradient, the static arguments, and JAX's
+    configuration at the call (what JAX keys its own jit cache on: x64 mode, default
+    matmul precision, default device, ...). The backward runs under the forward's
+    configuration, on whichever thread PyTorch runs it (its own autograd thread for CUDA
+    tensors; JAX's configuration contexts are thread-local). ``f`` is traced
     once per new signature (twice if it is called both with and without gradients:
     the forward alone keeps no residuals); the backward is compiled once per signature
     too, from the VJP, without tracing ``f`` again. The object's ``traces`` counts the
     traces of ``f``. Under ``torch.no_grad()``, or when no input
-    requires grad, only the plain ``jax.jit(f)`` runs.
+    requires grad, only the plain ``jax.jit(f)`` runs. At most ``cache_size`` (64)
+    signatures are kept, the least recently used dropped first; the first time one is
+    dropped a warning says the function keeps retracing (a shape that changes every
+    call).
 
     **Memory and streams.** Every hand-off, both ways and both passes, crosses as
     ``handoff.to_jax`` / ``handoff.to_torch`` do (the fastest route, ``handoff.routes()``;
@@ -110,19 +130,25 @@ def torch_function(
     Returns a :class:`TorchFunction`.
     """
     if f is None:
-        return lambda g: TorchFunction(g, static_argnums=static_argnums)
-    return TorchFunction(f, static_argnums=static_argnums)
+        return lambda g: TorchFunction(g, static_argnums=static_argnums, cache_size=cache_size)
+    return TorchFunction(f, static_argnums=static_argnums, cache_size=cache_size)
 
 
 class TorchFunction:
     """What :func:`torch_function` returns: call it with PyTorch tensors (see there).
 
-    ``traces``: how many times the wrapped function was traced (a new signature, or the
-    first call with or without gradients). ``signatures``: how many signatures are
-    compiled. ``fun``: the wrapped JAX function."""
+    ``traces``: how many times the wrapped function was traced (a new signature, the
+    first call with or without gradients, or, once per signature, reading which inputs
+    each output reaches when a backward gets an output without a cotangent).
+    ``signatures``: how many signatures are compiled (at most ``cache_size``). ``fun``:
+    the wrapped JAX function."""
 
     def __init__(
-        self, f: Callable[..., Any], *, static_argnums: Union[int, Iterable[int]] = ()
+        self,
+        f: Callable[..., Any],
+        *,
+        static_argnums: Union[int, Iterable[int]] = (),
+        cache_size: int = 64,
     ) -> None:
         if not callable(f):
             raise TypeError(
@@ -134,14 +160,23 @@ class TorchFunction:
                 raise ValueError(
                     f"handoff.torch_function: static_argnums must hold non-negative ints, got {n!r}"
                 )
+        if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
+            raise ValueError(f"handoff.torch_function: cache_size must be a positive int, got {cache_size!r}")
         self.fun = f
         self.static_argnums = frozenset(nums)
-        self.traces = 0
-        self._cache: Dict[Any, _Entry] = {}
+        self.cache_size = cache_size
+        self._traces = 0
+        self._traces_lock = threading.Lock()
+        self._cache: "OrderedDict[Any, _Entry]" = OrderedDict()
         self._lock = threading.Lock()
+        self._warned = False
         self.__name__ = getattr(f, "__name__", type(self).__name__)
         self.__doc__ = getattr(f, "__doc__", None)
         self.__wrapped__ = f
+
+    @property
+    def traces(self) -> int:
+        return self._traces
 
     @property
     def signatures(self) -> int:
@@ -217,47 +252,101 @@ class TorchFunction:
             diff.append(d)
             sig.append((tuple(t.shape), t.dtype, d))
         try:
-            key = (treedef, tuple(sig), device, tuple(static), tuple(sorted(kwargs.items())))
+            key = (treedef, tuple(sig), device, tuple(static), tuple(sorted(kwargs.items())),
+                   _trace_context())
             hash(key)
         except TypeError as e:
+            self._refuse_arrays(static, kwargs)  # the clearer error, where it applies
             raise TypeError(
                 f"handoff.torch_function({self.__name__}): static arguments must be hashable "
                 f"(static positions {sorted(self.static_argnums)} and keyword arguments): {e}"
             ) from None
         entry = self._cache.get(key)
         if entry is None:
+            entry = self._new_entry(key, treedef, len(args), static, kwargs, diff)
+        elif len(self._cache) == self.cache_size:
             with self._lock:
-                entry = self._cache.get(key)
-                if entry is None:
-                    entry = _Entry(self, treedef, len(args), static, kwargs, diff)
-                    self._cache[key] = entry
+                if key in self._cache:
+                    self._cache.move_to_end(key)  # the most recently used
         if any(diff):
             outs = _function_class()(entry, *leaves)
         else:
             outs = entry.forward(leaves)
         return tree.tree_unflatten(entry.out_treedef, outs)
 
+    def _new_entry(self, key, treedef, nargs, static, kwargs, diff) -> "_Entry":
+        # A tensor in a static argument is hashed by identity: each call is a new key,
+        # so checking new keys is enough.
+        self._refuse_arrays(static, kwargs)
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                return entry
+            entry = _Entry(self, treedef, nargs, static, kwargs, diff, key[-1])
+            self._cache[key] = entry
+            if len(self._cache) <= self.cache_size:
+                return entry
+            self._cache.popitem(last=False)
+            warn = not self._warned
+            self._warned = True
+        if warn:
+            warnings.warn(
+                f"handoff.torch_function({self.__name__}) keeps retracing: more than "
+                f"cache_size={self.cache_size} signatures (shapes, dtypes, static arguments, "
+                "JAX configuration); the least recently used are dropped and compiled again "
+                "when they come back",
+                UserWarning,
+                stacklevel=3,
+            )
+        return entry
+
+    def _refuse_arrays(self, static, kwargs) -> None:
+        """A static argument holding a tensor or an array is refused (it would be hashed
+        by identity, retrace on every call and be baked into the program as a constant)."""
+        torch, jax = _frameworks()
+        import numpy as np
+
+        named = [(f"argument {i}", v) for i, v in static]
+        named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        for where, value in named:
+            for leaf in jax.tree_util.tree_leaves(value):
+                if isinstance(leaf, (torch.Tensor, np.ndarray, jax.Array)):
+                    raise TypeError(
+                        f"handoff.torch_function({self.__name__}): {where} is a static "
+                        f"argument holding a {type(leaf).__name__} (an array): static "
+                        "arguments are compiled into the program as constants and compared "
+                        "by identity; pass it as a positional argument that is not in "
+                        "static_argnums"
+                    )
+
+    def _count_trace(self) -> None:
+        with self._traces_lock:
+            self._traces += 1
+
 
 class _Entry:
     """The compiled functions of one signature."""
 
-    def __init__(self, owner, treedef, nargs, static, kwargs, diff) -> None:
+    def __init__(self, owner, treedef, nargs, static, kwargs, diff, context) -> None:
         torch, jax = _frameworks()
         self.owner = owner
+        self.context = context  # JAX's configuration at the forward (its trace context)
         self.diff = tuple(diff)
         self.diff_idx = tuple(i for i, d in enumerate(diff) if d)
         self.nondiff_idx = tuple(i for i, d in enumerate(diff) if not d)
         self.out_treedef = None
         self.out_float: Tuple[bool, ...] = ()
         self.out_meta: Tuple[Tuple[Tuple[int, ...], Any], ...] = ()
-        self._bwd = None
+        self._bwds: Dict[Tuple[bool, ...], Any] = {}  # per pattern of missing cotangents
+        self._reach: Optional[List[frozenset]] = None
+        self._in_avals: Optional[List[Any]] = None
         f = owner.fun
         tree = jax.tree_util
         static = dict(static)
         kwargs = dict(kwargs)
 
         def call(leaves):
-            owner.traces += 1
+            owner._count_trace()
             dyn = iter(tree.tree_unflatten(treedef, list(leaves)))
             args = [static[i] if i in static else next(dyn) for i in range(nargs)]
             return f(*args, **kwargs)
@@ -279,6 +368,7 @@ class _Entry:
 
             return jax.vjp(g, *diff_leaves)
 
+        self._call = call
         self._fwd_plain = jax.jit(fwd_plain)
         self._fwd_vjp = jax.jit(fwd_vjp)
 
@@ -306,32 +396,78 @@ class _Entry:
 
     def forward_vjp(self, tensors):
         xs = _to_jax_many(tensors)
+        if self._in_avals is None:
+            _, jax = _frameworks()
+            self._in_avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
         out, vjp = self._fwd_vjp(
             [xs[i] for i in self.diff_idx], [xs[i] for i in self.nondiff_idx]
         )
         return self._outputs(out, tensors), vjp
 
     def backward(self, vjp, cts):
-        """The gradients of the differentiable inputs, as JAX arrays."""
-        torch, jax = _frameworks()
-        if self._bwd is None:
-            import numpy as np
+        """The gradients of the differentiable inputs (JAX arrays; ``None`` for an input
+        that no output with a cotangent reaches), run under the forward's configuration."""
+        missing = tuple(ct is None for ct in cts)
+        with _configuration(self.context):
+            bwd = self._bwds.get(missing)
+            if bwd is None:
+                bwd = self._bwds.setdefault(missing, self._make_bwd(missing))
+            float_cts = _to_jax_many(
+                [ct for fl, ct, m in zip(self.out_float, cts, missing) if fl and not m]
+            )
+            grads = list(bwd(vjp, float_cts))
+            if any(missing):
+                reach = self.reaches()
+                used = frozenset().union(*(r for r, m in zip(reach, missing) if not m))
+                for k, i in enumerate(self.diff_idx):
+                    if i not in used:
+                        grads[k] = None
+            return grads
 
-            treedef, meta, is_float = self.out_treedef, self.out_meta, self.out_float
-            float0 = jax.dtypes.float0
+    def _make_bwd(self, missing):
+        """The jitted VJP for cotangents where ``missing`` says which are absent (zeros of
+        the output's shape and dtype stand in for them; ``float0`` for integer outputs)."""
+        import numpy as np
 
-            def bwd(vjp, float_cts):
-                it = iter(float_cts)
-                full = [
-                    next(it) if fl else np.zeros(shape, float0)
-                    for (shape, _), fl in zip(meta, is_float)
-                ]
-                return vjp(jax.tree_util.tree_unflatten(treedef, full))
+        _, jax = _frameworks()
+        treedef, meta, is_float = self.out_treedef, self.out_meta, self.out_float
+        float0 = jax.dtypes.float0
 
-            self._bwd = jax.jit(bwd)
-        # PyTorch gives zeros for unused outputs.
-        float_cts = _to_jax_many([ct for fl, ct in zip(self.out_float, cts) if fl])
-        return self._bwd(vjp, float_cts)
+        def bwd(vjp, float_cts):
+            it = iter(float_cts)
+            full = [
+                (jax.numpy.zeros(shape, dtype) if m else next(it)) if fl else np.zeros(shape, float0)
+                for (shape, dtype), fl, m in zip(meta, is_float, missing)
+            ]
+            return vjp(jax.tree_util.tree_unflatten(treedef, full))
+
+        return jax.jit(bwd)
+
+    def reaches(self) -> List[frozenset]:
+        """For each output, the inputs (indices of the tensor leaves) it depends on, read
+        from the function's jaxpr once: every equation's outputs depend on all its
+        inputs (an over-approximation inside control flow, never an under-one)."""
+        if self._reach is None:
+            _, jax = _frameworks()
+            call = self._call
+            closed = jax.make_jaxpr(lambda *leaves: call(leaves))(*self._in_avals)
+            self._reach = _dependencies(closed.jaxpr)
+        return self._reach
+
+
+def _dependencies(jaxpr) -> List[frozenset]:
+    """Which of ``jaxpr``'s inputs each of its outputs depends on."""
+    deps: Dict[Any, frozenset] = {v: frozenset((i,)) for i, v in enumerate(jaxpr.invars)}
+    none: frozenset = frozenset()
+
+    def of(v):
+        return none if type(v).__name__ == "Literal" else deps.get(v, none)
+
+    for eqn in jaxpr.eqns:
+        d = none.union(*(of(v) for v in eqn.invars))
+        for o in eqn.outvars:
+            deps[o] = d
+    return [of(v) for v in jaxpr.outvars]
 
 
 _FUNCTION = None
@@ -355,6 +491,9 @@ def _function_class():
             nondiff = [t for t, fl in zip(outs, entry.out_float) if not fl]
             if nondiff:
                 ctx.mark_non_differentiable(*nondiff)
+            # An output the loss does not use gets None, not zeros: the backward tells
+            # which inputs no used output reaches (they get None, as in PyTorch).
+            ctx.set_materialize_grads(False)
             return outs
 
         @staticmethod
@@ -366,15 +505,78 @@ def _function_class():
                     "(create_graph=True through a JAX function) is not supported"
                 )
             ctx.saved_tensors  # raises if an input was modified in place since
-            grads = _to_torch_many(entry.backward(ctx.vjp, cts))
+            grads = entry.backward(ctx.vjp, cts)
+            crossed = iter(_to_torch_many([g for g in grads if g is not None]))
             result: List[Any] = [None] * len(entry.diff)
             for i, g in zip(entry.diff_idx, grads):
-                result[i] = g
+                result[i] = None if g is None else next(crossed)
             return (None, *result)
 
     JaxFunction.__name__ = JaxFunction.__qualname__ = "JaxFunction"
     _FUNCTION = JaxFunction
     return JaxFunction.apply
+
+
+def _trace_context():
+    """JAX's configuration in force on this thread, as JAX keys its jit cache on it."""
+    return _config()[0]()
+
+
+def _configuration(context):
+    """A context manager that runs its body under the JAX configuration ``context`` (a
+    ``_trace_context()``): each configuration option in it that differs on this thread is
+    set here for the body, and restored after. Nothing is done where they agree."""
+    trace_context, states = _config()
+    if trace_context() == context:
+        return contextlib.nullcontext()
+    return _Configured([(s, v) for s, v in zip(states, context) if s is not None and s.value != v])
+
+
+class _Configured:
+    """Sets JAX configuration states on this thread, as their own context managers do
+    (``swap_local`` and the thread-local hook), for the body of a ``with``."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.previous: List[Any] = []
+
+    def __enter__(self):
+        for state, value in self.settings:
+            self.previous.append(state.swap_local(value))
+            hook = state._update_thread_local_hook
+            if hook is not None:
+                hook(value)
+
+    def __exit__(self, *exc):
+        from jax._src import config as jc
+
+        for (state, _), prev in zip(reversed(self.settings), reversed(self.previous)):
+            state.set_local(prev)
+            hook = state._update_thread_local_hook
+            if hook is not None:
+                hook(None if prev is jc.config_ext.unset else prev)
+        self.previous.clear()
+        return False
+
+
+_CONFIG = None
+
+
+def _config():
+    """``(trace_context, states)``: JAX's function that reads the configuration its jit
+    cache is keyed on, and for each of its entries the configuration state that can set
+    it on a thread (``None`` for the entries that are not plain options, such as the
+    mesh context)."""
+    global _CONFIG
+    if _CONFIG is None:
+        from jax._src import config as jc
+
+        try:
+            names = jc.trace_context_names()
+        except NotImplementedError:  # jaxlib before extension 455: nothing can be set
+            names = []
+        _CONFIG = (jc.trace_context, [jc.config_states.get(n) for n in names])
+    return _CONFIG
 
 
 def _is_float(jax, dtype) -> bool:

@@ -384,3 +384,165 @@ def test_training_matches_pure_pytorch(x64):
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
     assert models[1].middle.traces == 1
+
+
+# ---- issue 39: the backward as PyTorch's own code would behave ---------------------------
+
+
+def _on_thread(f):
+    """Runs ``f`` on another thread, as PyTorch runs the backward of CUDA tensors."""
+    import threading
+
+    errors = []
+
+    def run():
+        try:
+            f()
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("where", ["another thread", "after the context"])
+def test_the_backward_runs_under_the_forwards_jax_configuration(where):
+    """JAX's configuration contexts are thread-local: a forward under
+    ``jax.enable_x64(True)`` whose backward runs on another thread (PyTorch's autograd
+    thread, for CUDA tensors) or after the ``with`` block still runs it in x64."""
+    fn = handoff.torch_function(lambda x: jnp.sin(x) * 2)
+    with jax.enable_x64(True):
+        x = torch.linspace(0, 1, 5, dtype=torch.float64, requires_grad=True)
+        y = fn(x)
+    if where == "another thread":
+        _on_thread(lambda: y.sum().backward())
+    else:
+        y.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * torch.cos(x.detach()))
+
+
+def test_each_jax_configuration_is_its_own_signature():
+    fn = handoff.torch_function(lambda x: x * 2)
+    x = torch.ones(3, requires_grad=True)
+    fn(x)
+    with jax.numpy_rank_promotion("raise"):
+        fn(x)
+    fn(x)
+    assert fn.signatures == 2
+
+
+def test_gradcheck_with_the_backward_on_another_thread():
+    fn = handoff.torch_function(ln_gelu_matmul)
+    with jax.enable_x64(True):
+        args = [
+            torch.randn(3, 4, dtype=torch.float64, requires_grad=True),
+            torch.randn(4, dtype=torch.float64, requires_grad=True),
+            torch.randn(4, dtype=torch.float64),
+            torch.randn(4, 2, dtype=torch.float64, requires_grad=True),
+        ]
+        y = fn(*args)
+    g = torch.randn_like(y)
+    _on_thread(lambda: y.backward(g))
+    with jax.enable_x64(True):
+        ref = torch.autograd.grad(fn(*args), [args[0], args[1], args[3]], g)
+    for got, want in zip([args[0].grad, args[1].grad, args[3].grad], ref):
+        torch.testing.assert_close(got, want)
+
+
+def two_branches(a, b, c):
+    return a * 2.0, (b * c).sum()
+
+
+def test_inputs_that_no_used_output_reaches_get_none_as_in_pytorch():
+    fn = handoff.torch_function(two_branches)
+    a, b, c = (torch.randn(3, requires_grad=True) for _ in range(3))
+    ya, yb = fn(a, b, c)
+    ya.sum().backward()  # yb unused: b and c are not reached
+    assert a.grad.tolist() == [2.0, 2.0, 2.0]
+    assert b.grad is None and c.grad is None
+    # The same model in PyTorch.
+    a2, b2, c2 = (t.detach().clone().requires_grad_() for t in (a, b, c))
+    (a2 * 2.0).sum().backward()
+    assert (a2.grad is None, b2.grad is None, c2.grad is None) == (False, True, True)
+    # The other output: a is not reached.
+    _, yb = fn(a, b, c)
+    yb.backward()
+    assert a.grad.tolist() == [2.0, 2.0, 2.0]  # unchanged
+    torch.testing.assert_close(b.grad, c.detach())
+    torch.testing.assert_close(c.grad, b.detach())
+
+
+def test_a_zero_gradient_by_value_is_still_a_gradient():
+    """Structure decides, not values: an input the used output reaches gets its
+    gradient, zeros included (no host read of the cotangents)."""
+    fn = handoff.torch_function(lambda a, b: (a * 0.0 + b, b))
+    a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    y0, _ = fn(a, b)
+    before = handoff.stats()
+    y0.sum().backward()
+    assert a.grad.tolist() == [0.0, 0.0, 0.0] and b.grad.tolist() == [1.0, 1.0, 1.0]
+    assert handoff.stats()["host_syncs"] == before["host_syncs"]
+
+
+def test_a_weight_that_only_an_unused_output_reaches_is_not_moved_by_the_optimizer():
+    fn = handoff.torch_function(two_branches)
+    a, b, c = (torch.randn(3, requires_grad=True) for _ in range(3))
+    opt = torch.optim.SGD([a, b, c], lr=0.1, momentum=0.9, weight_decay=0.1)
+    b0 = b.detach().clone()
+    for _ in range(3):
+        ya, _ = fn(a, b, c)
+        opt.zero_grad()
+        ya.sum().backward()
+        opt.step()
+    assert torch.equal(b.detach(), b0)
+
+
+# ---- issue 39: static arguments, the cache, the counters ---------------------------------
+
+
+@pytest.mark.parametrize("how", ["keyword", "static_argnums"])
+def test_a_tensor_as_a_static_argument_is_refused_naming_it(how):
+    fn = handoff.torch_function(lambda x, w: x * w, static_argnums=(1,) if how == "static_argnums" else ())
+    x = torch.ones(2)
+    with pytest.raises(TypeError, match="argument 1" if how == "static_argnums" else "keyword argument 'w'"):
+        if how == "keyword":
+            fn(x, w=torch.ones(2))
+        else:
+            fn(x, torch.ones(2))
+    with pytest.raises(TypeError, match="array"):
+        fn(x, w=np.ones(2)) if how == "keyword" else fn(x, jnp.ones(2))
+
+
+def test_the_cache_is_bounded_and_warns_once_when_it_keeps_retracing():
+    fn = handoff.torch_function(lambda x: x + 1, cache_size=3)
+    with pytest.warns(UserWarning, match="retrac") as record:
+        for n in range(1, 8):
+            fn(torch.ones(n))
+    assert fn.signatures == 3
+    assert len([w for w in record if "retrac" in str(w.message)]) == 1
+    assert fn(torch.ones(7)).tolist() == [2.0] * 7  # the newest are kept
+    with pytest.raises(ValueError, match="cache_size"):
+        handoff.torch_function(lambda x: x, cache_size=0)
+
+
+def test_the_trace_counter_is_right_under_threads():
+    import threading
+
+    fn = handoff.torch_function(lambda x: x * 3)
+    shapes = list(range(1, 17))
+    barrier = threading.Barrier(4)
+
+    def work(mine):
+        barrier.wait()
+        for n in mine:
+            fn(torch.ones(n))
+
+    threads = [threading.Thread(target=work, args=(shapes[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert fn.signatures == 16 and fn.traces == 16
