@@ -10,9 +10,9 @@
 
 use crate::keep_alive;
 use crate::main_thread;
-use handoff_runtime::Handoff;
-use handoff_runtime::ffi::{DLManagedTensor, DLManagedTensorVersioned};
+use handoff_runtime::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use handoff_runtime::reaper;
+use handoff_runtime::{Access, Handoff, Stream};
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -92,8 +92,61 @@ pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
 /// A producer's managed tensor taken without a capsule (PyTorch's C exchange API), as
 /// [`take`] gives one: its deleter then runs on the main thread. `managed` is non-null
 /// and owned by the caller, and so is the result.
-pub fn deleted_on_main_thread(managed: *mut DLManagedTensorVersioned) -> *mut DLManagedTensorVersioned {
-    MainThreadProxy::wrap(managed)
+pub fn deleted_on_main_thread(managed: *mut DLManagedTensorVersioned) -> Taken {
+    Taken::Versioned(MainThreadProxy::wrap(managed))
+}
+
+/// A tensor on its way to a consumer: the hand-off, and the strides the consumer is to
+/// see. A producer's tensor keeps the producer's own strides (handoff writes compact
+/// strides canonically for its own importers, size-1 and size-0 dimensions' strides
+/// rewritten; a foreign consumer sees exactly what the producer exported).
+pub struct Adopted {
+    /// The tensor in flight.
+    pub handoff: Handoff,
+    /// The producer's strides array (validated with the tensor; alive until the
+    /// producer's deleter runs, which the hand-off does after the consumer let go), or
+    /// null for the hand-off's own.
+    strides: *mut i64,
+}
+
+// SAFETY: the strides array belongs to the producer's tensor, which the hand-off owns
+// (it is `Send`) and frees only after this value is gone.
+unsafe impl Send for Adopted {}
+
+impl Adopted {
+    /// A hand-off handoff described itself (`__cuda_array_interface__`): its own strides.
+    pub fn own(handoff: Handoff) -> Adopted {
+        Adopted { handoff, strides: ptr::null_mut() }
+    }
+
+    /// The consumer's `DLTensor`: the hand-off's, with the producer's strides.
+    fn dl_tensor(&self) -> DLTensor {
+        // SAFETY: the hand-off owns its managed tensor; its fields (and the shape and
+        // strides they point to) live as long as the hand-off.
+        let mut t = unsafe { (*self.handoff.as_raw()).dl_tensor };
+        if !self.strides.is_null() {
+            t.strides = self.strides;
+        }
+        t
+    }
+}
+
+/// Takes the producer's tensor in for a consumer on `consumer`: validated (its deleter
+/// runs once on every path), released after the consumer's queued work.
+///
+/// # Safety
+/// `taken` is what [`take`] or [`deleted_on_main_thread`] gave, not used since.
+pub unsafe fn adopt(taken: Taken, consumer: &Stream, access: Access) -> handoff_runtime::Result<Adopted> {
+    // SAFETY: the proxy is ours (the caller's contract); its tensor is the producer's,
+    // unread so far but for this copy of its `DLTensor`, whose strides pointer is kept
+    // for after validation (`from_raw*` reads the same array).
+    let (strides, handoff) = unsafe {
+        match taken {
+            Taken::Versioned(p) => ((*p).dl_tensor.strides, Handoff::from_raw(p, consumer, access)),
+            Taken::Legacy(p) => ((*p).dl_tensor.strides, Handoff::from_raw_legacy(p, consumer, access)),
+        }
+    };
+    Ok(Adopted { handoff: handoff?, strides })
 }
 
 /// A managed tensor of the DLPack ABI (versioned or legacy), as the proxy needs it.
@@ -210,26 +263,25 @@ struct LegacyExport {
 /// Wraps `handoff` in a new capsule for the consumer: `dltensor_versioned` when
 /// `versioned`, else a legacy `dltensor` (refused with `BufferError` for a read-only
 /// tensor, which the legacy ABI cannot mark read-only; the hand-off is released).
-pub fn export(py: Python<'_>, handoff: Handoff, versioned: bool) -> PyResult<Bound<'_, PyAny>> {
+pub fn export(py: Python<'_>, adopted: Adopted, versioned: bool) -> PyResult<Bound<'_, PyAny>> {
     if versioned {
-        let managed = into_managed(handoff);
+        let managed = into_managed(adopted);
         return new_capsule(py, managed.cast(), DLTENSOR_VERSIONED, destroy_versioned_capsule, || {
             // SAFETY: the capsule was not made: the managed tensor is still ours.
             unsafe { delete_versioned(managed) }
         });
     }
-    if handoff.is_read_only() {
-        release(handoff);
+    if adopted.handoff.is_read_only() {
+        release(adopted.handoff);
         return Err(PyBufferError::new_err(
             "the tensor is read-only and a legacy (pre-1.0) DLPack capsule cannot say so: \
              ask with max_version=(1, 0) for a versioned capsule, which carries READ_ONLY",
         ));
     }
-    // SAFETY: as in `into_managed`.
-    let dl_tensor = unsafe { (*handoff.as_raw()).dl_tensor };
+    let dl_tensor = adopted.dl_tensor();
     let export = Box::into_raw(Box::new(LegacyExport {
         managed: DLManagedTensor { dl_tensor, manager_ctx: ptr::null_mut(), deleter: Some(delete_legacy) },
-        handoff,
+        handoff: adopted.handoff,
     }));
     // SAFETY: `export` was just allocated; its context is itself.
     unsafe { (*export).managed.manager_ctx = export.cast() };
@@ -243,12 +295,13 @@ pub fn export(py: Python<'_>, handoff: Handoff, versioned: bool) -> PyResult<Bou
 /// `handoff` as a versioned managed tensor of handoff's own, for a consumer that takes
 /// one without a capsule (PyTorch's C exchange API): its deleter releases the hand-off
 /// as a capsule's would. The caller owns the result.
-pub fn into_managed(handoff: Handoff) -> *mut DLManagedTensorVersioned {
-    // SAFETY: the hand-off owns its managed tensor; its fields (and the shape and
-    // strides they point to, in the same allocation) live as long as the hand-off,
+pub fn into_managed(adopted: Adopted) -> *mut DLManagedTensorVersioned {
+    let dl_tensor = adopted.dl_tensor();
+    let handoff = adopted.handoff;
+    // SAFETY: the hand-off owns its managed tensor, alive as long as the hand-off,
     // which the export below owns.
     let src = unsafe { &*handoff.as_raw() };
-    let (version, flags, dl_tensor) = (src.version, src.flags, src.dl_tensor);
+    let (version, flags) = (src.version, src.flags);
     let export = Box::into_raw(Box::new(VersionedExport {
         managed: DLManagedTensorVersioned {
             version,

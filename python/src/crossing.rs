@@ -19,7 +19,7 @@
 //! the same, dtype for dtype (`tests/test_routes.py` compares them): a 64-bit tensor
 //! becomes a 32-bit JAX array when x64 mode is off, as `jax.dlpack.from_dlpack` does.
 
-use crate::capsule::{self, Taken};
+use crate::capsule;
 use crate::errors;
 use crate::jax_api::{Jax, Ready};
 use crate::ordered::Ordered;
@@ -263,13 +263,12 @@ impl ToJax {
             }
             None => Stream::host(),
         };
-        let raw = capsule::deleted_on_main_thread(exported.into_raw());
-        // SAFETY: an owned managed tensor of PyTorch's, behind the main-thread proxy;
-        // `from_raw` validates it and calls its deleter once on every path.
-        let handoff = unsafe { Handoff::from_raw(raw, &consumer, Access::Read) }.map_err(errors::to_py)?;
-        let wide = wide_dtype(&handoff);
+        let taken = capsule::deleted_on_main_thread(exported.into_raw());
+        // SAFETY: PyTorch's managed tensor behind the main-thread proxy, unused.
+        let adopted = unsafe { capsule::adopt(taken, &consumer, Access::Read) }.map_err(errors::to_py)?;
+        let wide = wide_dtype(&adopted.handoff);
         // JAX takes legacy capsules only (as its `from_dlpack` asks for).
-        let capsule = capsule::export(py, handoff, false)?;
+        let capsule = capsule::export(py, adopted, false)?;
         let array = self.jax.call_to_buffer(
             py,
             &capsule,
@@ -321,23 +320,16 @@ fn jax_to_torch<'py>(
         return Ok(None); // a deleted array: the public route raises JAX's own error
     };
     let taken = capsule::take(&capsule)?;
-    // SAFETY: `take` gave us the producer's managed tensor (behind the main-thread
-    // proxy); `from_raw*` validates it and calls its deleter once on every path.
-    let handoff = unsafe {
-        match taken {
-            Taken::Versioned(p) => Handoff::from_raw(p, &consumer, access),
-            Taken::Legacy(p) => Handoff::from_raw_legacy(p, &consumer, access),
-        }
-    }
-    .map_err(errors::to_py)?;
+    // SAFETY: `take` gave us the producer's unconsumed managed tensor.
+    let adopted = unsafe { capsule::adopt(taken, &consumer, access) }.map_err(errors::to_py)?;
     let expected = Device::from_dlpack(dl).map_err(|e| errors::to_py(e.into()))?;
-    if handoff.device() != expected {
+    if adopted.handoff.device() != expected {
         return Err(PyBufferError::new_err(format!(
             "jaxlib gave a tensor on {}, but the array is on {expected}",
-            handoff.device()
+            adopted.handoff.device()
         )));
     }
     // SAFETY: handoff's own managed tensor, validated, on a device PyTorch supports
     // (CPU or CUDA); PyTorch takes it over.
-    unsafe { torch.import(py, capsule::into_managed(handoff)) }.map(Some)
+    unsafe { torch.import(py, capsule::into_managed(adopted)) }.map(Some)
 }

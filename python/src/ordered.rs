@@ -2,7 +2,7 @@
 //! to the consumer with a stream-ordered release.
 
 use crate::cai;
-use crate::capsule::{self, Taken};
+use crate::capsule::{self, Adopted, Taken};
 use crate::errors;
 use crate::mock::MockConsumer;
 use crate::streams::{self, Consumer, Requested};
@@ -139,9 +139,9 @@ impl Ordered {
     /// PyTorch's C exchange API for a plain torch tensor, else from the producer's
     /// `__dlpack__` (or `__cuda_array_interface__`), taken in, checked, ordered. Also
     /// whether a versioned export may carry it (the producer gave a versioned tensor).
-    fn take(&self, py: Python<'_>, request: &Request<'_, '_>) -> PyResult<(Handoff, bool)> {
+    fn take(&self, py: Python<'_>, request: &Request<'_, '_>) -> PyResult<(Adopted, bool)> {
         let Request { stream, requested, max_version, dl_device, copy, target } = *request;
-        let (handoff, versioned) = match &self.source {
+        let (adopted, versioned) = match &self.source {
             Source::Dlpack { dlpack, .. } => {
                 // Resolved before the producer is asked, on the consumer's thread (stream
                 // 2 is this thread's per-thread default stream).
@@ -170,11 +170,12 @@ impl Ordered {
                     )));
                 }
                 let consumer = self.consumer(target, requested)?;
-                (cai::handoff(self.obj.bind(py), ordinal, &consumer, self.access)?, true)
+                let handoff = cai::handoff(self.obj.bind(py), ordinal, &consumer, self.access)?;
+                (Adopted::own(handoff), true)
             }
         };
-        check_device(&handoff, target)?;
-        if handoff.is_copied() && copy.is_some_and(|c| c.extract::<bool>().is_ok_and(|c| !c)) {
+        check_device(&adopted.handoff, target)?;
+        if adopted.handoff.is_copied() && copy.is_some_and(|c| c.extract::<bool>().is_ok_and(|c| !c)) {
             return Err(PyBufferError::new_err(
                 "copy=False, but the producer's tensor is a copy (its flags have IS_COPIED): \
                  the producer did not honor copy=False",
@@ -183,7 +184,7 @@ impl Ordered {
         if let Some(m) = &self.mock {
             m.consumer_work();
         }
-        Ok((handoff, versioned))
+        Ok((adopted, versioned))
     }
 
     /// A plain torch tensor's export, as its own `__dlpack__(stream=...)` would make it,
@@ -199,7 +200,7 @@ impl Ordered {
         requested: Requested,
         dl_device: Option<&Bound<'_, PyAny>>,
         copy: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<Handoff>> {
+    ) -> PyResult<Option<Adopted>> {
         if self.mock.is_some() || dl_device.is_some() || copy.is_some() {
             return Ok(None);
         }
@@ -231,11 +232,10 @@ impl Ordered {
             let producer = unsafe { cuda::stream(ordinal, raw) }.map_err(errors::to_py)?;
             handoff_runtime::order(Some(&producer), &consumer.stream).map_err(errors::to_py)?;
         }
-        let raw = capsule::deleted_on_main_thread(exported.into_raw());
-        // SAFETY: an owned managed tensor of PyTorch's, behind the main-thread proxy;
-        // `from_raw` validates it and calls its deleter once on every path.
-        let handoff = unsafe { Handoff::from_raw(raw, &consumer.stream, self.access) };
-        handoff.map(Some).map_err(errors::to_py)
+        let taken = capsule::deleted_on_main_thread(exported.into_raw());
+        // SAFETY: PyTorch's managed tensor behind the main-thread proxy, unused.
+        let adopted = unsafe { capsule::adopt(taken, &consumer.stream, self.access) };
+        adopted.map(Some).map_err(errors::to_py)
     }
 
     /// Asks the producer's `__dlpack__` with the consumer's arguments and takes its
@@ -250,7 +250,7 @@ impl Ordered {
         max_version: Option<&Bound<'py, PyAny>>,
         dl_device: Option<&Bound<'py, PyAny>>,
         copy: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Handoff, bool)> {
+    ) -> PyResult<(Adopted, bool)> {
         let kwargs = PyDict::new(py);
         kwargs.set_item(intern!(py, "stream"), stream)?;
         if let Some(v) = max_version {
@@ -278,15 +278,10 @@ impl Ordered {
             Err(e) => return Err(e),
         };
         let taken = capsule::take(&produced)?;
-        // SAFETY: `take` gave us ownership of an unconsumed DLPack managed tensor of the
-        // capsule's kind; `from_raw*` calls its deleter exactly once on every path.
-        let result = unsafe {
-            match taken {
-                Taken::Versioned(p) => Handoff::from_raw(p, &consumer.stream, self.access),
-                Taken::Legacy(p) => Handoff::from_raw_legacy(p, &consumer.stream, self.access),
-            }
-        };
-        Ok((result.map_err(errors::to_py)?, matches!(taken, Taken::Versioned(_))))
+        let versioned = matches!(taken, Taken::Versioned(_));
+        // SAFETY: `take` gave us the producer's unconsumed managed tensor.
+        let adopted = unsafe { capsule::adopt(taken, &consumer.stream, self.access) };
+        Ok((adopted.map_err(errors::to_py)?, versioned))
     }
 }
 
@@ -316,9 +311,9 @@ unsafe impl DlpackExchangeProducer for Ordered {
             copy: None,
             target,
         };
-        let (handoff, _) = self.take(py, &request)?;
+        let (adopted, _) = self.take(py, &request)?;
         // SAFETY: handoff's own managed tensor, owned here from now on.
-        unsafe { Managed::from_raw(capsule::into_managed(handoff)) }
+        unsafe { Managed::from_raw(capsule::into_managed(adopted)) }
             .map_err(|e| PyBufferError::new_err(e.to_string()))
     }
 
@@ -426,8 +421,8 @@ impl Ordered {
             None => self.device(py)?,
         };
         let request = Request { stream, requested, max_version, dl_device, copy, target };
-        let (handoff, producer_versioned) = self.take(py, &request)?;
-        capsule::export(py, handoff, versioned && producer_versioned)
+        let (adopted, producer_versioned) = self.take(py, &request)?;
+        capsule::export(py, adopted, versioned && producer_versioned)
     }
 
     /// Tests only: moves the simulated clock of a `_mock_ordered` wrapper.
