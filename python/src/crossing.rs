@@ -141,8 +141,9 @@ pub fn to_jax<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     cross_to_jax(native_to_jax(x.py())?, x, false, &mut OrderOnce::default())
 }
 
-/// `[to_jax(t.detach().contiguous()) for t in tensors]` for `handoff.torch_function`:
-/// the tensors of one call (on one device) cross in one call, ordered by one GPU wait.
+/// `[to_jax(t.detach()) for t in tensors]` for `handoff.torch_function`, each made
+/// dense and, on CUDA, 16-byte aligned where it is not (a copy, counted): the tensors of
+/// one call (on one device) cross in one call, ordered by one GPU wait.
 #[pyfunction(name = "_to_jax_many")]
 pub fn to_jax_many<'py>(py: Python<'py>, tensors: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
     let native = native_to_jax(py)?;
@@ -154,7 +155,8 @@ pub fn to_jax_many<'py>(py: Python<'py>, tensors: &Bound<'py, PyAny>) -> PyResul
     Ok(out)
 }
 
-/// One crossing to JAX, of `x.detach().contiguous()` when `detached`.
+/// One crossing to JAX, of `x.detach()` made ready for XLA (see [`needs_copy_for_xla`])
+/// when `detached`.
 fn cross_to_jax<'py>(
     native: Option<(&'static Torch, &'static Jax)>,
     x: &Bound<'py, PyAny>,
@@ -163,14 +165,42 @@ fn cross_to_jax<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     match native {
         Some((torch, jax)) if torch.is_tensor(x) => ToJax { torch, jax, detached }.one(x, order),
-        _ if detached => Public::to_jax(&detach_contiguous(x)?),
+        _ if detached && needs_copy_for_xla(x)? => Public::to_jax(&copy_for_xla(x)?),
+        _ if detached => Public::to_jax(&x.call_method0(intern!(x.py(), "detach"))?),
         _ => Public::to_jax(x),
     }
 }
 
-fn detach_contiguous<'py>(t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+/// Whether `torch_function` must copy the tensor `t` before XLA reads it: it is not
+/// dense (row-major), or it is on CUDA at an address that is not 16-byte aligned (XLA's
+/// CUDA executables refuse such a buffer when they run, for f32 and bf16 alike: a view
+/// at an offset into a flat parameter buffer).
+fn needs_copy_for_xla(t: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = t.py();
-    t.call_method0(intern!(py, "detach"))?.call_method0(intern!(py, "contiguous"))
+    if !t.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
+        return Ok(true);
+    }
+    if !t.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
+        return Ok(false);
+    }
+    let address: u64 = t.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    Ok(!address.is_multiple_of(16))
+}
+
+/// A dense copy of `t.detach()` in fresh memory (PyTorch's allocator aligns it),
+/// counted in `handoff.stats()` (`copies`, `bytes_copied`).
+fn copy_for_xla<'py>(t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = t.py();
+    let detached = t.call_method0(intern!(py, "detach"))?;
+    let dense = if detached.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
+        detached.call_method0(intern!(py, "clone"))?
+    } else {
+        detached.call_method0(intern!(py, "contiguous"))?
+    };
+    let numel: u64 = dense.call_method0(intern!(py, "numel"))?.extract()?;
+    let size: u64 = dense.call_method0(intern!(py, "element_size"))?.extract()?;
+    handoff_runtime::__private::counted_copy(numel * size);
+    Ok(dense)
 }
 
 /// `torch.from_dlpack(handoff.ordered(x, writable=writable))`, by the fastest route: a
@@ -237,15 +267,15 @@ impl OrderOnce {
 struct ToJax {
     torch: &'static Torch,
     jax: &'static Jax,
-    /// Export the tensor as `t.detach().contiguous()` would be (`torch_function`).
+    /// Export the tensor as `t.detach()` would be, made ready for XLA (`torch_function`).
     detached: bool,
 }
 
 impl ToJax {
     fn one<'py>(&self, t: &Bound<'py, PyAny>, order: &mut OrderOnce) -> PyResult<Bound<'py, PyAny>> {
         let py = t.py();
-        if self.detached && !t.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
-            return self.one(&detach_contiguous(t)?, order);
+        if self.detached && needs_copy_for_xla(t)? {
+            return self.one(&copy_for_xla(t)?, order);
         }
         let Some(exported) = self.torch.export(t, self.detached)? else {
             return Public::to_jax(t); // PyTorch's own error, or a tensor it exports its own way

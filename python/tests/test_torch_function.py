@@ -546,3 +546,20 @@ def test_the_trace_counter_is_right_under_threads():
     for t in threads:
         t.join()
     assert fn.signatures == 16 and fn.traces == 16
+
+
+def test_a_copy_made_for_xla_is_counted():
+    """torch_function hands XLA dense tensors (and, on CUDA, 16-byte aligned ones: the
+    GPU script checks that): a tensor that is not is copied, and the copy counted."""
+    fn = handoff.torch_function(lambda x: x * 2)
+    t = torch.arange(12.0).reshape(3, 4)
+    fn(t.T)  # compile outside the counted window
+    before = handoff.stats()
+    y = fn(t.T)
+    after = handoff.stats()
+    assert y.tolist() == (t.T * 2).tolist()
+    assert after["copies"] - before["copies"] == 1
+    assert after["bytes_copied"] - before["bytes_copied"] == 12 * 4
+    before = handoff.stats()
+    fn(t)  # dense: no copy
+    assert handoff.stats()["copies"] == before["copies"]

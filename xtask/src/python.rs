@@ -68,6 +68,9 @@ const VENV: &str = ".deps/py-venv";
 const MANIFEST: &str = "python/Cargo.toml";
 const WHEELS: &str = "python/target/wheels";
 const GPU_SCRIPT: &str = "python/tests/gpu_h200.py";
+/// `handoff.torch_function` on CUDA: float64 gradcheck with the backward on PyTorch's
+/// autograd thread, `None` gradients, strides, misaligned views.
+const GPU_TRAINING_SCRIPT: &str = "python/tests/gpu_training.py";
 /// The training comparison (pure PyTorch, jax2torch, torch-jax-interop,
 /// handoff.torch_function, the JAX layer alone).
 const TRAIN_SCRIPT: &str = "bench/train_three_way.py";
@@ -186,6 +189,7 @@ pub fn bundle(root: &Path, out: &Path) -> Result<u64, String> {
     let mut files = vec![
         (wheel.clone(), file_name(&wheel)),
         (root.join(GPU_SCRIPT), "python_gpu_h200.py".to_string()),
+        (root.join(GPU_TRAINING_SCRIPT), "python_gpu_training.py".to_string()),
         (root.join(TRAIN_SCRIPT), "train_three_way.py".to_string()),
         (root.join(HOST_COST_SCRIPT), "python_host_cost.py".to_string()),
     ];
@@ -273,6 +277,11 @@ if [ -z "${ONLY:-}" ] || [[ "python_handoff" == *"$ONLY"* ]]; then
         || "$PY" -m zipfile -e "$WHEEL" "$TMP_PY/site"
     } > "$LOG" 2>&1
     PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 540 "$PY" "$GPU_PY" >> "$LOG" 2>&1; rc=$?
+    TRAINING_PY="$HERE/python_gpu_training.py"
+    [ -f "$TRAINING_PY" ] || TRAINING_PY="$HERE/../python/tests/gpu_training.py"
+    if [ "$rc" -eq 0 ] && [ -f "$TRAINING_PY" ]; then
+      PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 300 "$PY" "$TRAINING_PY" >> "$LOG" 2>&1; rc=$?
+    fi
     grep -E '^\{|SKIPPED:' "$LOG" | sed 's/^/   /'
     if [ "$rc" -ne 0 ]; then
       failed=$((failed + 1)); echo "   FAILED (exit $rc)"; tail -n 30 "$LOG" | sed 's/^/   | /'
