@@ -111,31 +111,31 @@ def measure(variants, n, batch, warmup):
                 prepare()
             r = f()
             del r
-    call = {name: [] for name, _, _ in variants}
-    kept = []
-    for i in range(n):
-        for name, prepare, f in turn(i):
-            if prepare is not None:
-                prepare()
-            t0 = pc()
-            r = f()
-            t1 = pc()
-            kept.append(r)
-            call[name].append(t1 - t0)
-        r = None
-        if (i + 1) % batch == 0:
-            kept.clear()  # the releases, outside the clock
-    kept.clear()
-    cycle = {name: [] for name, _, _ in variants}
-    for i in range(n):
-        for name, prepare, f in turn(i):
-            if prepare is not None:
-                prepare()
-            t0 = pc()
-            r = f()
-            del r
-            t1 = pc()
-            cycle[name].append(t1 - t0)
+
+    def timed(release_inside):
+        """Each variant's ns per call; its result released inside the clock, or kept
+        and released every ``batch`` turns outside it."""
+        times = {name: [] for name, _, _ in variants}
+        kept = []
+        for i in range(n):
+            for name, prepare, f in turn(i):
+                if prepare is not None:
+                    prepare()
+                t0 = pc()
+                r = f()
+                if release_inside:
+                    del r
+                t1 = pc()
+                if not release_inside:
+                    kept.append(r)
+                    del r
+                times[name].append(t1 - t0)
+            if (i + 1) % batch == 0:
+                kept.clear()  # the releases, outside the clock
+        kept.clear()
+        return times
+
+    call, cycle = timed(False), timed(True)
     return {name: (statistics.median(call[name]) / 1e3, statistics.median(cycle[name]) / 1e3) for name in call}
 
 

@@ -660,27 +660,40 @@ class Unavailable(RuntimeError):
     """A compared package that is installed but does not import (its rows say why)."""
 
 
+def load_compared(label, module, load):
+    """``(load(), version)`` of a compared package (``module`` its import name and
+    distribution); (False, None) when it is not installed, (None, the error) when it
+    does not import. Each outcome is noted."""
+    import importlib.metadata
+
+    try:
+        loaded = load()
+    except Exception as e:  # noqa: BLE001
+        if isinstance(e, ModuleNotFoundError) and e.name == module:
+            notes.append(f"{label} not run: not installed")
+            return False, None
+        notes.append(f"{label} not run: it does not import ({type(e).__name__}: {e})")
+        return None, f"does not import: {type(e).__name__}: {e}"
+    try:
+        version = importlib.metadata.version(module)
+    except Exception:  # noqa: BLE001
+        version = "unknown"
+    return loaded, version
+
+
 def load_jax2torch(torch, jax):
     """jax2torch as published, with its two removed JAX calls mapped (see the module
-    docs); (False, None) when it is not installed, (None, the error) when it does not
-    import."""
-    try:
-        import importlib.metadata
+    docs); as :func:`load_compared`."""
 
+    def load():
         import jax2torch  # noqa: F401  (loads jax2torch.jax2torch)
 
         # The package's __init__ rebinds the name jax2torch.jax2torch to the function.
-        impl = sys.modules["jax2torch.jax2torch"]
-    except Exception as e:  # noqa: BLE001
-        if isinstance(e, ModuleNotFoundError) and e.name == "jax2torch":
-            notes.append("jax2torch not run: not installed")
-            return False, None
-        notes.append(f"jax2torch not run: it does not import ({type(e).__name__}: {e})")
-        return None, f"does not import: {type(e).__name__}: {e}"
-    try:
-        version = importlib.metadata.version("jax2torch")
-    except Exception:  # noqa: BLE001
-        version = "unknown"
+        return sys.modules["jax2torch.jax2torch"]
+
+    impl, version = load_compared("jax2torch", "jax2torch", load)
+    if not impl:
+        return impl, version
     if not hasattr(jax.dlpack, "to_dlpack"):
         impl.jax_dlpack = types.SimpleNamespace(
             to_dlpack=lambda x: x, from_dlpack=jax.dlpack.from_dlpack
@@ -696,24 +709,15 @@ def load_jax2torch(torch, jax):
 
 
 def load_torch_jax_interop():
-    """torch_jax_interop.WrappedJaxFunction as published; (False, None) when it is not
-    installed, (None, the error) when it does not import (it imports chex, which needs
-    absl-py and toolz; torch-jax-interop does not declare chex)."""
-    try:
-        import importlib.metadata
+    """torch_jax_interop.WrappedJaxFunction as published (it imports chex, which needs
+    absl-py and toolz; torch-jax-interop does not declare chex); as :func:`load_compared`."""
 
+    def load():
         from torch_jax_interop import WrappedJaxFunction
-    except Exception as e:  # noqa: BLE001
-        if isinstance(e, ModuleNotFoundError) and e.name == "torch_jax_interop":
-            notes.append("torch-jax-interop not run: not installed")
-            return False, None
-        notes.append(f"torch-jax-interop not run: it does not import ({type(e).__name__}: {e})")
-        return None, f"does not import: {type(e).__name__}: {e}"
-    try:
-        version = importlib.metadata.version("torch_jax_interop")
-    except Exception:  # noqa: BLE001
-        version = "unknown"
-    return WrappedJaxFunction, version
+
+        return WrappedJaxFunction
+
+    return load_compared("torch-jax-interop", "torch_jax_interop", load)
 
 
 def tji_layer(wrapped, jax, jnp, m):
