@@ -92,6 +92,12 @@ def test_numpy_dtypes(dtype):
     check(np.ones((2, 3), dtype=dtype))
 
 
+def test_packed_4_bit_floats():
+    """PyTorch's ``float4_e2m1fn_x2`` (two 4-bit floats a byte, exported as two lanes):
+    the wrapper needs the element size, not the meaning."""
+    check(torch.arange(8, dtype=torch.uint8).view(torch.float4_e2m1fn_x2))
+
+
 def test_a_read_only_numpy_array():
     a = np.arange(6.0).reshape(2, 3)
     a.flags.writeable = False

@@ -38,16 +38,22 @@ pub fn name(dtype: DataType) -> String {
 }
 
 /// Checks that a dtype is one DLPack defines, with a bit width valid for its code
-/// and one lane.
+/// and one lane — or PyTorch's `float4_e2m1fn_x2`, two packed 4-bit floats in a byte,
+/// which it exports as two lanes of `FLOAT4_E2M1FN`.
 ///
 /// ```
 /// use handoff_runtime::dtype::{check, DataType, DataTypeCode};
 /// assert!(check(DataType::F8E4M3FN).is_ok());
+/// assert!(check(DataType::new(DataTypeCode::FLOAT4_E2M1FN, 4, 2)).is_ok()); // float4_e2m1fn_x2
 /// assert!(check(DataType::new(DataTypeCode::FLOAT, 24, 1)).is_err());
+/// assert!(check(DataType::new(DataTypeCode::FLOAT, 32, 4)).is_err()); // a vector type
 /// ```
 pub fn check(dtype: DataType) -> Result<(), ValidationError> {
     let err =
         || ValidationError::UnsupportedDtype { code: dtype.code.0, bits: dtype.bits, lanes: dtype.lanes };
+    if dtype.lanes == 2 && dtype.code == DataTypeCode::FLOAT4_E2M1FN && dtype.bits == 4 {
+        return Ok(());
+    }
     if dtype.lanes != 1 {
         return Err(err());
     }
