@@ -24,8 +24,8 @@ use crate::errors;
 use crate::jax_api::{Jax, Ready};
 use crate::ordered::Ordered;
 use crate::torch_api::Torch;
-use handoff_runtime::ffi::{DLDataTypeCode, DLDevice, DLDeviceType};
-use handoff_runtime::{Access, Device, Handoff, Stream, cuda};
+use handoff_runtime::ffi::{DLDataTypeCode, DLDeviceType};
+use handoff_runtime::{Access, Device, Handoff, Stream};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -287,7 +287,7 @@ impl ToJax {
         };
         let consumer = match &ready {
             Some(Ready { stream, .. }) => {
-                let producer = self.torch_stream(py, dl)?;
+                let (producer, _) = self.torch.current_cuda_stream(py, dl)?;
                 order.order(&producer, stream)?;
                 stream.clone()
             }
@@ -308,25 +308,12 @@ impl ToJax {
         )?;
         if wide { self.jax.canonical(array) } else { Ok(array) }
     }
-
-    fn torch_stream(&self, py: Python<'_>, dl: DLDevice) -> PyResult<Stream> {
-        stream_of(self.torch.current_stream(py, dl)?, dl)
-    }
 }
 
 /// A 64-bit element type, which JAX converts to 32 bits when x64 mode is off.
 fn wide_dtype(handoff: &Handoff) -> bool {
     let dtype = handoff.dtype();
     dtype.bits == 64 && dtype.code != DLDataTypeCode::COMPLEX || dtype.bits == 128
-}
-
-/// The CUDA stream `raw` of `dl`'s device.
-fn stream_of(raw: u64, dl: DLDevice) -> PyResult<Stream> {
-    let ordinal = u32::try_from(dl.device_id).unwrap_or(u32::MAX);
-    // SAFETY: PyTorch's current stream of that device, on its primary context; PyTorch
-    // keeps its streams for the process's life (pool streams are never destroyed, and a
-    // user's `torch.cuda.Stream` is alive while it is current).
-    unsafe { cuda::stream(ordinal, raw) }.map_err(errors::to_py)
 }
 
 /// The native route from JAX to PyTorch; `None` where it leaves `a` to the public
@@ -340,9 +327,9 @@ fn jax_to_torch<'py>(
     let py = a.py();
     let Some((dl, _)) = jax.device_of(a)? else { return Ok(None) };
     let (consumer, stream) = if dl.device_type == DLDeviceType::CUDA {
-        let raw = torch.current_stream(py, dl)?;
+        let (stream, raw) = torch.current_cuda_stream(py, dl)?;
         // As `torch.from_dlpack` names PyTorch's current stream to the producer.
-        (stream_of(raw, dl)?, Some(if raw == 0 { 1 } else { raw }))
+        (stream, Some(if raw == 0 { 1 } else { raw }))
     } else {
         (Stream::host(), None)
     };

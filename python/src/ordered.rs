@@ -9,7 +9,7 @@ use crate::streams::{self, Consumer, Requested};
 use crate::torch_api::Torch;
 use dlpark::Managed;
 use dlpark::python::producer::DlpackExchangeProducer;
-use handoff_runtime::cuda::{self, DlpackStream};
+use handoff_runtime::cuda::DlpackStream;
 use handoff_runtime::ffi::DLManagedTensorVersioned;
 use handoff_runtime::ffi::{DLDevice, DLDeviceType};
 use handoff_runtime::{Access, Device, Handoff};
@@ -224,12 +224,7 @@ impl Ordered {
         }
         let Some(exported) = torch.export(obj, false)? else { return Ok(None) };
         if cuda && !consumer.no_sync {
-            let dl = exported.device();
-            let raw = torch.current_stream(py, dl)?;
-            let ordinal = u32::try_from(dl.device_id).unwrap_or(u32::MAX);
-            // SAFETY: PyTorch's current stream of the tensor's device, on its primary
-            // context; PyTorch keeps its streams for the process's life.
-            let producer = unsafe { cuda::stream(ordinal, raw) }.map_err(errors::to_py)?;
+            let (producer, _) = torch.current_cuda_stream(py, exported.device())?;
             handoff_runtime::order(Some(&producer), &consumer.stream).map_err(errors::to_py)?;
         }
         let taken = capsule::deleted_on_main_thread(exported.into_raw());

@@ -11,6 +11,7 @@
 use handoff_runtime::ffi::{
     DLDataTypeCode, DLDevice, DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader,
 };
+use handoff_runtime::{Stream, cuda};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::intern;
@@ -168,6 +169,19 @@ impl Torch {
             }));
         }
         Ok(out as u64)
+    }
+
+    /// PyTorch's current stream of the CUDA device `device`, as a [`Stream`] handoff
+    /// orders on, and its raw handle.
+    pub fn current_cuda_stream(&self, py: Python<'_>, device: DLDevice) -> PyResult<(Stream, u64)> {
+        let raw = self.current_stream(py, device)?;
+        let ordinal = u32::try_from(device.device_id).unwrap_or(u32::MAX);
+        // SAFETY: PyTorch's current stream of that device, on its primary context (the
+        // one PyTorch, XLA and handoff share); PyTorch keeps its streams for the
+        // process's life (pool streams are never destroyed, and a user's
+        // `torch.cuda.Stream` is alive while it is current).
+        let stream = unsafe { cuda::stream(ordinal, raw) }.map_err(crate::errors::to_py)?;
+        Ok((stream, raw))
     }
 
     /// A torch tensor viewing `managed`, which PyTorch takes over (its deleter runs when
