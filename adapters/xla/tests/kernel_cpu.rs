@@ -261,4 +261,29 @@ fn kernel_source_is_recognized_by_content() {
     let bc = std::fs::read(programs().join("gelu_scale_f32_4x8_cpu.mlirbc")).unwrap();
     assert!(matches!(Source::from_bytes(bc, None).unwrap(), Source::Program(p) if p.is_bytecode()));
     assert!(Source::from_bytes(vec![0xff, 0xfe, 0x00], None).is_err());
+    let e = Source::from_bytes(Vec::new(), None).unwrap_err();
+    assert!(e.to_string().contains("empty"), "{e}");
+}
+
+#[test]
+fn a_jaxexport_file_is_read_as_an_artifact_and_refused_as_one() {
+    let artifact = std::fs::read(programs().join("ln_gelu_f32_8x16_cpu.jaxexport")).unwrap();
+    let dir = std::env::temp_dir().join(format!("handoff-jaxexport-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    };
+    let e = Source::from_file(write("empty.jaxexport", b"")).unwrap_err();
+    assert!(e.to_string().contains("empty file"), "{e}");
+    // The first 7 and 64 bytes of a real artifact: refused as an artifact, never
+    // handed to the StableHLO parser (which would have taken them as program text).
+    for n in [7, 64] {
+        let e = Source::from_file(write("cut.jaxexport", &artifact[..n])).unwrap_err();
+        let message = e.to_string();
+        assert!(message.contains(&format!("not a jax.export artifact ({n} bytes)")), "{message}");
+    }
+    assert!(matches!(Source::from_file(write("whole.jaxexport", &artifact)).unwrap(), Source::Artifact(_)));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -115,8 +115,19 @@ impl From<Artifact> for Source {
 }
 
 impl Source {
-    /// Reads a file: `.mlir` is StableHLO text, `.mlirbc` bytecode; anything else is
-    /// recognized by its content (MLIR bytecode magic, a `jax.export` flatbuffer, or text).
+    /// Reads a file: `.mlir` is StableHLO text, `.mlirbc` bytecode, `.jaxexport` a
+    /// `jax.export` artifact (refused as one when it is not: never handed to the
+    /// StableHLO parser); anything else is recognized by its content (MLIR bytecode
+    /// magic, a `jax.export` flatbuffer, or text). An empty file is refused.
+    ///
+    /// ```
+    /// # let dir = std::env::temp_dir().join("handoff-doc-source");
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// let path = dir.join("empty.jaxexport");
+    /// std::fs::write(&path, b"").unwrap();
+    /// let e = handoff_xla::Source::from_file(&path).unwrap_err();
+    /// assert!(e.to_string().contains("empty file"), "{e}");
+    /// ```
     pub fn from_file(path: impl AsRef<Path>) -> Result<Source> {
         let path = path.as_ref();
         match path.extension().and_then(|e| e.to_str()) {
@@ -125,12 +136,28 @@ impl Source {
         }
         let bytes = std::fs::read(path)
             .map_err(|e| XlaError::invalid("kernel path", path.display(), e.to_string()))?;
+        if bytes.is_empty() {
+            return Err(XlaError::invalid("kernel file", path.display(), "empty file"));
+        }
+        if path.extension().is_some_and(|e| e == "jaxexport") {
+            return Artifact::from_bytes(&bytes).map(Source::Artifact).map_err(|e| match e {
+                XlaError::Invalid { reason, .. } => XlaError::invalid(
+                    "kernel file",
+                    path.display(),
+                    format!("not a jax.export artifact ({} bytes): {reason}", bytes.len()),
+                ),
+                other => other,
+            });
+        }
         Source::from_bytes(bytes, path.file_stem().map(|s| s.to_string_lossy().into_owned()))
     }
 
     /// Recognizes bytes by their content: MLIR bytecode, a `jax.export` artifact, or
-    /// StableHLO text.
+    /// StableHLO text. No bytes are refused.
     pub fn from_bytes(bytes: Vec<u8>, name: Option<String>) -> Result<Source> {
+        if bytes.is_empty() {
+            return Err(XlaError::invalid("kernel bytes", "0 bytes", "empty: no program or artifact"));
+        }
         let program = if Program::is_bytecode_bytes(&bytes) {
             Program::bytecode(bytes)
         } else {
