@@ -114,6 +114,14 @@ pub enum Release {
 }
 
 /// A value that can be handed to another framework without a copy.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be handed off: it does not implement `Export`",
+    label = "not exportable",
+    note = "a `tch::Tensor` (or `&tch::Tensor`) is exportable once the torch adapter is linked: depend on \
+            `handoff-torch` (or `handoff` with its `torch` feature) and name it once, e.g. `use handoff_torch as _;`",
+    note = "a cudarc `CudaSlice` needs `handoff-cuda` (feature `cuda`), an XLA `Buffer` `handoff-xla`; a type \
+            of your own implements `StreamOrdered` and `Export`, or derives `handoff::DlpackExchange`"
+)]
 pub trait Export: StreamOrdered + Send + Sized + 'static {
     /// Describes the memory. `self` is kept alive, unchanged, until the consumer is done.
     fn describe(&self) -> Result<TensorDesc<'_>>;
@@ -126,6 +134,14 @@ pub trait Export: StreamOrdered + Send + Sized + 'static {
 
 /// A type that can take a [`Handoff`] in, viewing its memory without a copy and
 /// keeping it (and so the producer's keep-alive) until it is dropped.
+#[diagnostic::on_unimplemented(
+    message = "a hand-off cannot be taken into `{Self}`: it does not implement `Import`",
+    label = "not importable",
+    note = "a `tch::Tensor` is importable once the torch adapter is linked: depend on `handoff-torch` (or \
+            `handoff` with its `torch` feature) and name it once, e.g. `use handoff_torch as _;`",
+    note = "a type of your own implements `Import` (or `ImportInto<Ctx>` when it needs a context), or derives \
+            `handoff::DlpackExchange`"
+)]
 pub trait Import: Sized {
     /// Takes the hand-off in. Use [`Handoff::import`], which counts it.
     fn from_handoff(handoff: Handoff) -> Result<Self>;

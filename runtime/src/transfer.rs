@@ -32,6 +32,14 @@ use crate::stream::Stream;
 /// let same = x.into_exportable().unwrap(); // an Export type is its own exportable value
 /// assert_eq!(same.shape(), &[2]);
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be handed off: it is not `Export`, and no linked adapter makes it exportable",
+    label = "not exportable",
+    note = "a `tch::Tensor` (or `&tch::Tensor`) is exportable once the torch adapter is linked: depend on \
+            `handoff-torch` (or `handoff` with its `torch` feature) and name it once, e.g. `use handoff_torch as _;`",
+    note = "a cudarc `CudaSlice` needs `handoff-cuda` (feature `cuda`), an XLA `Buffer` `handoff-xla`; a type \
+            of your own implements `StreamOrdered` and `Export`, or derives `handoff::DlpackExchange`"
+)]
 pub trait Exportable<Via = ()> {
     /// The value that is exported.
     type Value: Export;
@@ -60,6 +68,14 @@ impl<T: Export> Exportable for T {
 /// let y = MockTensor::import_handoff(h).unwrap();
 /// assert_eq!(y.stream(), &s);
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "a hand-off cannot be taken into `{Self}`: it is not `Import`, and no linked adapter makes it importable",
+    label = "not importable",
+    note = "a `tch::Tensor` is importable once the torch adapter is linked: depend on `handoff-torch` (or \
+            `handoff` with its `torch` feature) and name it once, e.g. `use handoff_torch as _;`",
+    note = "a type of your own implements `Import` (or `ImportInto<Ctx>` when it needs a context), or derives \
+            `handoff::DlpackExchange`"
+)]
 pub trait Importable<Via = ()>: Sized + 'static {
     /// Takes the hand-off in (counted as an import).
     fn import_handoff(handoff: Handoff) -> Result<Self>;

@@ -116,6 +116,12 @@ fn device_mismatch(program: &str, index: usize, expected: &XlaDevice, got: impl 
 /// The inputs of a call: an array `[X; N]`, a `Vec<X>`, or a tuple of up to six
 /// values, each [`Exportable`] (a `&tch::Tensor`, a `&Buffer`, any `Export` type).
 /// `Via` is inferred.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a kernel's inputs",
+    label = "not the inputs of a call",
+    note = "inputs are an array `[X; N]`, a `Vec<X>` or a tuple of up to six, each exportable (a `&Buffer`, \
+            any `Export` type, a `&tch::Tensor` once `handoff-torch` is linked: `use handoff_torch as _;`)"
+)]
 pub trait Args<Via> {
     /// How many inputs.
     fn len(&self) -> usize;

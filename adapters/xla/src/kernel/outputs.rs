@@ -11,6 +11,13 @@ use std::marker::PhantomData;
 /// What one output of a call can be returned as: an XLA [`Buffer`], or any type a
 /// hand-off imports into ([`Importable`]: a `tch::Tensor`, a `TorchTensor`, a
 /// `CudaTensor`, your own type). `Via` is inferred.
+#[diagnostic::on_unimplemented(
+    message = "a kernel's output cannot be returned as `{Self}`: it is neither an XLA `Buffer` nor `Importable`",
+    label = "not an output type",
+    note = "a `tch::Tensor` is returned once the torch adapter is linked: depend on `handoff-torch` (or \
+            `handoff` with its `torch` feature) and name it once, e.g. `use handoff_torch as _;`",
+    note = "a type of your own implements `Import`, or derives `handoff::DlpackExchange`"
+)]
 pub trait Output<Via>: Sized {
     /// Turns an execution's output into `Self`, consumed on `consumer`.
     fn from_output(output: OutputBuffer, consumer: &Stream) -> Result<Self>;
@@ -77,6 +84,12 @@ impl ExactSizeIterator for OutputBuffers {}
 
 /// The outputs of a call: an array `[Y; N]`, a `Vec<Y>`, or a tuple of up to four,
 /// each an [`Output`]. `Via` is inferred.
+#[diagnostic::on_unimplemented(
+    message = "a kernel's outputs cannot be returned as `{Self}`",
+    label = "not the outputs of a call",
+    note = "outputs are an array `[Y; N]`, a `Vec<Y>` or a tuple of up to six, each an XLA `Buffer` or an \
+            importable type (a `tch::Tensor` once `handoff-torch` is linked: `use handoff_torch as _;`)"
+)]
 pub trait Outputs<Via>: Sized {
     /// How many outputs it holds (`None`: any number).
     const COUNT: Option<usize>;
