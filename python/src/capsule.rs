@@ -230,7 +230,7 @@ impl<M: ManagedAbi + 'static> MainThreadProxy<M> {
             // `wrap` (repr(C)), and DLPack calls a deleter once.
             let proxy = unsafe { Box::from_raw(managed.cast::<MainThreadProxy<M>>()) };
             let original = Original(proxy.original);
-            main_thread::run_deleter(Box::new(move || {
+            main_thread::run_on_main(Box::new(move || {
                 // The whole `Original` (which is Send) moves in, not its pointer field.
                 let original = original;
                 // SAFETY: the producer's tensor, still owned here.

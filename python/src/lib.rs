@@ -79,34 +79,6 @@ fn flush(py: Python<'_>) {
     main_thread::run_queued(py);
 }
 
-/// Benchmarks only: drops, now, what consumers on other threads let go of this thread's
-/// hand-offs (JAX lets go of a view on PJRT's thread, and it is posted back to the
-/// thread that made the hand-off). A thread that makes hand-offs but never releases
-/// one itself leaves that to the reaper's thread, after `reaper::STALE`;
-/// `bench/python_host_cost.py` times both ways (issue 32).
-#[pyfunction(name = "_take_returns")]
-fn take_returns(_py: Python<'_>) {
-    reaper::take_returns();
-}
-
-/// Benchmarks only: `True` (the default) runs producers' deleters on the main thread (a
-/// pending call); `False` runs each on whichever thread releases it, with the GIL taken
-/// there (`gil=True`) or without (`gil=False`, as a plain consumer calls a C deleter).
-/// Only for producers whose deleter may run on any thread (PyTorch's), never JAX's;
-/// `bench/python_host_cost.py` times it (issue 32) and sets it back.
-#[pyfunction(name = "_set_deleters_on_main_thread")]
-#[pyo3(signature = (on, *, gil = true))]
-fn set_deleters_on_main_thread(on: bool, gil: bool) {
-    main_thread::set_deleters_on_main_thread(on, gil);
-}
-
-/// Benchmarks only: `(pending_calls, jobs, ns)`, the pending calls run on the main
-/// thread so far, the producers' deleters they ran and the nanoseconds spent in them.
-#[pyfunction(name = "_pending_call_counts")]
-fn pending_call_counts() -> (u64, u64, u64) {
-    main_thread::pending_call_counts()
-}
-
 /// Whether the CUDA driver can be used (`libcuda.so.1` loads and there is a device).
 #[pyfunction]
 fn cuda_available(py: Python<'_>) -> bool {
@@ -133,9 +105,6 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(keep_alive::shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(mock::mock_ordered, m)?)?;
-    m.add_function(wrap_pyfunction!(take_returns, m)?)?;
-    m.add_function(wrap_pyfunction!(set_deleters_on_main_thread, m)?)?;
-    m.add_function(wrap_pyfunction!(pending_call_counts, m)?)?;
     m.add("HandoffError", py.get_type::<errors::HandoffError>())?;
     m.add("InvalidTensorError", py.get_type::<errors::InvalidTensorError>())?;
     let v = handoff_runtime::ffi::DLPackVersion::CURRENT;

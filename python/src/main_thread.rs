@@ -34,7 +34,7 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_ulong, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A deleter to run with the GIL held.
 pub type Job = Box<dyn FnOnce() + Send>;
@@ -189,9 +189,7 @@ extern "C" fn run_pending(_: *mut c_void) -> c_int {
     let r = catch_unwind(|| {
         // SAFETY: CPython calls pending calls on the main thread with the GIL held.
         let py = unsafe { Python::assume_attached() };
-        let start = std::time::Instant::now();
-        let jobs = run_queued(py);
-        count_pending_call(jobs, start);
+        run_queued(py);
     });
     if r.is_err() {
         report("a panic while running producers' deleters was caught");
@@ -251,69 +249,4 @@ pub fn with_gil<R>(f: impl FnOnce() -> R) -> Option<R> {
 fn report(what: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "handoff: {what}");
-}
-
-// Benchmarks only (issue 32): where producers' deleters run, and what the pending
-// calls that run them on the main thread cost.
-
-/// Where a producer's deleter runs: [`ON_MAIN`] (always, but where a benchmark set
-/// otherwise with [`set_deleters_on_main_thread`]), or on the releasing thread.
-static DELETERS: AtomicU8 = AtomicU8::new(ON_MAIN);
-/// On the main thread ([`run_on_main`]): the default, and the only safe choice for a
-/// producer whose deleter races its own calls elsewhere (JAX's).
-const ON_MAIN: u8 = 0;
-/// On the releasing thread, with the GIL taken there ([`run_attached`]).
-const RELEASING_WITH_GIL: u8 = 1;
-/// On the releasing thread, without taking the GIL: as a plain consumer calls a C
-/// deleter (PyTorch's is thread-safe C++; JAX's is not safe there).
-const RELEASING_WITHOUT_GIL: u8 = 2;
-/// Pending calls of [`run_pending`] run, the jobs they ran, and their time (ns).
-static PENDING_CALLS: AtomicU64 = AtomicU64::new(0);
-static PENDING_JOBS: AtomicU64 = AtomicU64::new(0);
-static PENDING_NS: AtomicU64 = AtomicU64::new(0);
-
-/// Benchmarks only: `on` (the default) queues producers' deleters for the main thread;
-/// `false` runs each on whichever thread releases it, with the GIL taken there when
-/// `gil`, else without. Not while the interpreter exits, nor inside a flush or drain
-/// (queued then, as always). Only for producers whose deleter may run on any thread
-/// (PyTorch's), never JAX's (see the module's documentation).
-pub fn set_deleters_on_main_thread(on: bool, gil: bool) {
-    let mode = match (on, gil) {
-        (true, _) => ON_MAIN,
-        (false, true) => RELEASING_WITH_GIL,
-        (false, false) => RELEASING_WITHOUT_GIL,
-    };
-    DELETERS.store(mode, Ordering::Relaxed);
-}
-
-/// Runs a producer's deleter `job`: on the main thread ([`run_on_main`]), unless a
-/// benchmark asked for the releasing thread ([`set_deleters_on_main_thread`]).
-pub fn run_deleter(job: Job) {
-    let mode = DELETERS.load(Ordering::Relaxed);
-    if mode == ON_MAIN || DEFERRING.get() || crate::keep_alive::shutting_down() {
-        run_on_main(job);
-    } else if mode == RELEASING_WITH_GIL {
-        run_attached(job);
-    } else if catch_unwind(AssertUnwindSafe(job)).is_err() {
-        report("a panic in a producer's deleter was caught");
-    }
-}
-
-/// Counts a pending call that ran `jobs` jobs from `start` to now.
-fn count_pending_call(jobs: usize, start: std::time::Instant) {
-    let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    PENDING_CALLS.fetch_add(1, Ordering::Relaxed);
-    PENDING_JOBS.fetch_add(jobs as u64, Ordering::Relaxed);
-    PENDING_NS.fetch_add(ns, Ordering::Relaxed);
-}
-
-/// Benchmarks only: the pending calls run on the main thread so far, the producers'
-/// deleters they ran, and the nanoseconds spent inside them (the GIL already held; not
-/// CPython's own scheduling of them).
-pub fn pending_call_counts() -> (u64, u64, u64) {
-    (
-        PENDING_CALLS.load(Ordering::Relaxed),
-        PENDING_JOBS.load(Ordering::Relaxed),
-        PENDING_NS.load(Ordering::Relaxed),
-    )
 }
