@@ -264,10 +264,11 @@ class TorchFunction:
         entry = self._cache.get(key)
         if entry is None:
             entry = self._new_entry(key, treedef, len(args), static, kwargs, diff)
-        elif len(self._cache) == self.cache_size:
-            with self._lock:
-                if key in self._cache:
-                    self._cache.move_to_end(key)  # the most recently used
+        else:
+            try:
+                self._cache.move_to_end(key)  # the most recently used (atomic under the GIL)
+            except KeyError:  # dropped by another thread meanwhile
+                pass
         if any(diff):
             outs = _function_class()(entry, *leaves)
         else:
