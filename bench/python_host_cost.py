@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Host cost of a PyTorch <-> JAX hand-off from Python: handoff's routes beside the
-frameworks' own calls, both directions, in one process (issues 32 and 38).
+frameworks' own calls, both directions, in one process.
 
 ::
 

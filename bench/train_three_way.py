@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Training through a JAX layer from PyTorch: pure PyTorch, jax2torch, torch-jax-interop,
-handoff, and the JAX layer alone (issues 32 and 38).
+handoff, and the JAX layer alone.
 
 Two models, each trained with SGD; the layer in the middle is JAX (or, for the baseline,
 the same math in PyTorch); what feeds it and the loss are PyTorch:

@@ -386,7 +386,7 @@ def test_training_matches_pure_pytorch(x64):
     assert models[1].middle.traces == 1
 
 
-# ---- issue 39: the backward as PyTorch's own code would behave ---------------------------
+# ---- the backward as PyTorch's own code would behave ------------------------------------
 
 
 def _on_thread(f):
@@ -500,7 +500,7 @@ def test_a_weight_that_only_an_unused_output_reaches_is_not_moved_by_the_optimiz
     assert torch.equal(b.detach(), b0)
 
 
-# ---- issue 39: static arguments, the cache, the counters ---------------------------------
+# ---- static arguments, the cache, the counters ------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["keyword", "static_argnums"])

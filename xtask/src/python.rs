@@ -293,7 +293,7 @@ if [ -z "${ONLY:-}" ] || [[ "python_handoff" == *"$ONLY"* ]]; then
   fi
 fi
 
-# Training through a JAX layer (issues 32 and 38): pure PyTorch, jax2torch and
+# Training through a JAX layer: pure PyTorch, jax2torch and
 # torch-jax-interop (the bundled wheels, with chex, absl-py and toolz, which the latter
 # imports), handoff.torch_function and the JAX layer alone, an MLP and an attention block;
 # JSON lines, a markdown table, exit 1 on a failed check (bench/train_three_way.py says
@@ -330,7 +330,7 @@ if [ -z "${ONLY:-}" ] || [[ "train_three_way" == *"$ONLY"* ]]; then
   fi
 fi
 
-# The A/B of two handoff wheels (issue 38), only where the bundle holds a previous one
+# The A/B of two handoff wheels, only where the bundle holds a previous one
 # (prev/handoff-*.whl, baseline/handoff-*.whl or handoff_prev-*.whl): train_three_way.py
 # at the GPU-bound sizes, pure PyTorch and handoff, run with the previous wheel and with
 # this one in turns, AB_ROUNDS times (default 2), then its --ab report: per model, size
