@@ -10,6 +10,7 @@
 
 use crate::keep_alive;
 use crate::main_thread;
+use crate::torch_api::Exported;
 use handoff_runtime::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use handoff_runtime::reaper;
 use handoff_runtime::{Access, Handoff, Stream};
@@ -89,11 +90,16 @@ pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
     })
 }
 
-/// A producer's managed tensor taken without a capsule (PyTorch's C exchange API), as
-/// [`take`] gives one: its deleter then runs on the main thread. `managed` is non-null
-/// and owned by the caller, and so is the result.
-pub fn deleted_on_main_thread(managed: *mut DLManagedTensorVersioned) -> Taken {
-    Taken::Versioned(MainThreadProxy::wrap(managed))
+/// Takes in a tensor PyTorch exported through its C exchange API, as [`adopt`] takes
+/// what [`take`] gives: its deleter runs on the main thread.
+pub fn adopt_exported(
+    exported: Exported,
+    consumer: &Stream,
+    access: Access,
+) -> handoff_runtime::Result<Adopted> {
+    let taken = Taken::Versioned(MainThreadProxy::wrap(exported.into_raw()));
+    // SAFETY: PyTorch's owned managed tensor behind its main-thread proxy, unused.
+    unsafe { adopt(taken, consumer, access) }
 }
 
 /// A tensor on its way to a consumer: the hand-off, and the strides the consumer is to
@@ -135,7 +141,7 @@ impl Adopted {
 /// runs once on every path), released after the consumer's queued work.
 ///
 /// # Safety
-/// `taken` is what [`take`] or [`deleted_on_main_thread`] gave, not used since.
+/// `taken` is what [`take`] gave, not used since.
 pub unsafe fn adopt(taken: Taken, consumer: &Stream, access: Access) -> handoff_runtime::Result<Adopted> {
     // SAFETY: the proxy is ours (the caller's contract); its tensor is the producer's,
     // unread so far but for this copy of its `DLTensor`, whose strides pointer is kept

@@ -22,11 +22,11 @@
 use crate::capsule;
 use crate::errors;
 use crate::jax_api::{Jax, Ready};
-use crate::ordered::Ordered;
+use crate::ordered::{Ordered, check_device};
 use crate::torch_api::Torch;
 use handoff_runtime::ffi::{DLDataTypeCode, DLDeviceType};
-use handoff_runtime::{Access, Device, Handoff, Stream};
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use handoff_runtime::{Access, Handoff, Stream};
+use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -274,9 +274,8 @@ struct ToJax {
 impl ToJax {
     fn one<'py>(&self, t: &Bound<'py, PyAny>, order: &mut OrderOnce) -> PyResult<Bound<'py, PyAny>> {
         let py = t.py();
-        if self.detached && needs_copy_for_xla(t)? {
-            return self.one(&copy_for_xla(t)?, order);
-        }
+        let copy = if self.detached && needs_copy_for_xla(t)? { Some(copy_for_xla(t)?) } else { None };
+        let t = copy.as_ref().unwrap_or(t);
         let Some(exported) = self.torch.export(t, self.detached)? else {
             return Public::to_jax(t); // PyTorch's own error, or a tensor it exports its own way
         };
@@ -293,9 +292,7 @@ impl ToJax {
             }
             None => Stream::host(),
         };
-        let taken = capsule::deleted_on_main_thread(exported.into_raw());
-        // SAFETY: PyTorch's managed tensor behind the main-thread proxy, unused.
-        let adopted = unsafe { capsule::adopt(taken, &consumer, Access::Read) }.map_err(errors::to_py)?;
+        let adopted = capsule::adopt_exported(exported, &consumer, Access::Read).map_err(errors::to_py)?;
         let wide = wide_dtype(&adopted.handoff);
         // JAX takes legacy capsules only (as its `from_dlpack` asks for).
         let capsule = capsule::export(py, adopted, false)?;
@@ -339,13 +336,7 @@ fn jax_to_torch<'py>(
     let taken = capsule::take(&capsule)?;
     // SAFETY: `take` gave us the producer's unconsumed managed tensor.
     let adopted = unsafe { capsule::adopt(taken, &consumer, access) }.map_err(errors::to_py)?;
-    let expected = Device::from_dlpack(dl).map_err(|e| errors::to_py(e.into()))?;
-    if adopted.handoff.device() != expected {
-        return Err(PyBufferError::new_err(format!(
-            "jaxlib gave a tensor on {}, but the array is on {expected}",
-            adopted.handoff.device()
-        )));
-    }
+    check_device(&adopted.handoff, dl, "the JAX array's sharding")?;
     // SAFETY: handoff's own managed tensor, validated, on a device PyTorch supports
     // (CPU or CUDA); PyTorch takes it over.
     unsafe { torch.import(py, capsule::into_managed(adopted)) }.map(Some)

@@ -174,7 +174,7 @@ impl Ordered {
                 (Adopted::own(handoff), true)
             }
         };
-        check_device(&adopted.handoff, target)?;
+        check_device(&adopted.handoff, target, "__dlpack_device__ or dl_device")?;
         if adopted.handoff.is_copied() && copy.is_some_and(|c| c.extract::<bool>().is_ok_and(|c| !c)) {
             return Err(PyBufferError::new_err(
                 "copy=False, but the producer's tensor is a copy (its flags have IS_COPIED): \
@@ -227,9 +227,7 @@ impl Ordered {
             let (producer, _) = torch.current_cuda_stream(py, exported.device())?;
             handoff_runtime::order(Some(&producer), &consumer.stream).map_err(errors::to_py)?;
         }
-        let taken = capsule::deleted_on_main_thread(exported.into_raw());
-        // SAFETY: PyTorch's managed tensor behind the main-thread proxy, unused.
-        let adopted = unsafe { capsule::adopt(taken, &consumer.stream, self.access) };
+        let adopted = capsule::adopt_exported(exported, &consumer.stream, self.access);
         adopted.map(Some).map_err(errors::to_py)
     }
 
@@ -332,7 +330,8 @@ fn work_stream(py: Python<'_>, device: DLDevice) -> PyResult<*mut c_void> {
 
 /// The producer's tensor must be on the device the stream was resolved for (a device
 /// handoff does not exchange cannot be: the tensor passed validation).
-fn check_device(handoff: &Handoff, target: DLDevice) -> PyResult<()> {
+/// `said` names where `target` came from, for the message.
+pub(crate) fn check_device(handoff: &Handoff, target: DLDevice, said: &str) -> PyResult<()> {
     let got = handoff.device();
     let expected = match Device::from_dlpack(target) {
         Ok(expected) if expected == got => return Ok(()),
@@ -341,7 +340,7 @@ fn check_device(handoff: &Handoff, target: DLDevice) -> PyResult<()> {
     };
     // Dropped: released on the stream resolved for `target`, with no consumer work queued.
     Err(PyBufferError::new_err(format!(
-        "the producer's tensor is on {got}, but it said {expected} (__dlpack_device__ or dl_device): \
+        "the producer's tensor is on {got}, but it said {expected} ({said}): \
          the stream cannot be resolved for the right device"
     )))
 }
