@@ -338,7 +338,8 @@ class _Entry:
         self.out_treedef = None
         self.out_float: Tuple[bool, ...] = ()
         self.out_meta: Tuple[Tuple[Tuple[int, ...], Any], ...] = ()
-        self._bwds: Dict[Tuple[bool, ...], Any] = {}  # per pattern of missing cotangents
+        # Per pattern of missing cotangents: the jitted VJP and the unreached inputs.
+        self._bwds: Dict[Tuple[bool, ...], Tuple[Any, Tuple[int, ...]]] = {}
         self._reach: Optional[List[frozenset]] = None
         self._in_avals: Optional[List[Any]] = None
         f = owner.fun
@@ -410,26 +411,29 @@ class _Entry:
         that no output with a cotangent reaches), run under the forward's configuration."""
         missing = tuple(ct is None for ct in cts)
         with _configuration(self.context):
-            bwd = self._bwds.get(missing)
-            if bwd is None:
-                bwd = self._bwds.setdefault(missing, self._make_bwd(missing))
+            found = self._bwds.get(missing)
+            if found is None:
+                found = self._bwds.setdefault(missing, self._make_bwd(missing))
+            bwd, unreached = found
             float_cts = _to_jax_many(
                 [ct for fl, ct, m in zip(self.out_float, cts, missing) if fl and not m]
             )
             grads = list(bwd(vjp, float_cts))
-            if any(missing):
-                reach = self.reaches()
-                used = frozenset().union(*(r for r, m in zip(reach, missing) if not m))
-                for k, i in enumerate(self.diff_idx):
-                    if i not in used:
-                        grads[k] = None
+            for k in unreached:
+                grads[k] = None
             return grads
 
     def _make_bwd(self, missing):
         """The jitted VJP for cotangents where ``missing`` says which are absent (zeros of
-        the output's shape and dtype stand in for them; ``float0`` for integer outputs)."""
+        the output's shape and dtype stand in for them; ``float0`` for integer outputs),
+        and the positions among the gradients of the inputs that no present cotangent
+        reaches (they get ``None``)."""
         import numpy as np
 
+        unreached: Tuple[int, ...] = ()
+        if any(missing):
+            used = frozenset().union(*(r for r, m in zip(self.reaches(), missing) if not m))
+            unreached = tuple(k for k, i in enumerate(self.diff_idx) if i not in used)
         _, jax = _frameworks()
         treedef, meta, is_float = self.out_treedef, self.out_meta, self.out_float
         float0 = jax.dtypes.float0
@@ -442,7 +446,7 @@ class _Entry:
             ]
             return vjp(jax.tree_util.tree_unflatten(treedef, full))
 
-        return jax.jit(bwd)
+        return jax.jit(bwd), unreached
 
     def reaches(self) -> List[frozenset]:
         """For each output, the inputs (indices of the tensor leaves) it depends on, read
