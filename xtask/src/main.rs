@@ -75,39 +75,33 @@ fn cargo_with(root: &Path, env: &deps::Env, extra: &[(&str, &str)], args: &[&str
 fn test(root: &Path, extra: &[String]) -> Result<(), String> {
     let env = deps::setup(root)?;
     let lint = !extra.iter().any(|a| a == "--no-lint");
+    // A full run, built once: no incremental state (it doubled the workspace crates'
+    // share of target/).
+    let full = [("CARGO_INCREMENTAL", "0")];
+    let cargo = |args: &[&str]| cargo_with(root, &env, &full, args);
     if lint {
-        cargo(root, &env, &["fmt", "--all", "--check"])?;
-        cargo(
-            root,
-            &env,
-            &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
-        )?;
+        cargo(&["fmt", "--all", "--check"])?;
+        cargo(&["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"])?;
         // The API docs, with every warning (a broken link) an error.
         cargo_with(
             root,
             &env,
-            &[("RUSTDOCFLAGS", "-D warnings")],
+            &[full[0], ("RUSTDOCFLAGS", "-D warnings")],
             &["doc", "--workspace", "--no-deps", "--all-features"],
         )?;
     }
-    cargo(root, &env, &["test", "--workspace", "--all-features", "--no-fail-fast"])?;
+    cargo(&["test", "--workspace", "--all-features", "--no-fail-fast"])?;
     // Every fuzz target's kept inputs (fuzz/regressions/<target>/, and the committed
     // seeds), through each target's function on stable: fuzz/ is its own workspace, so
-    // the workspace test above does not see it. Its own target directory keeps the
-    // nightly sanitizer builds of fuzz/run.sh (fuzz/target/) apart.
-    let replay_dir = root.join("target/fuzz-replay");
-    let replay_dir = replay_dir.to_string_lossy();
+    // the workspace test above does not see it. It builds in the workspace's target
+    // directory (same profile, so the dependencies both use are built once); the nightly
+    // sanitizer builds of fuzz/run.sh stay in fuzz/target/.
+    let fuzz = ["--manifest-path", "fuzz/Cargo.toml", "--target-dir", "target"];
     if lint {
-        cargo(root, &env, &["fmt", "--manifest-path", "fuzz/Cargo.toml", "--check"])?;
-        let fuzz_clippy =
-            ["--manifest-path", "fuzz/Cargo.toml", "--target-dir", &replay_dir, "--all-targets"];
-        cargo(root, &env, &[&["clippy"][..], &fuzz_clippy, &["--", "-D", "warnings"]].concat())?;
+        cargo(&["fmt", "--manifest-path", "fuzz/Cargo.toml", "--check"])?;
+        cargo(&[&["clippy"][..], &fuzz, &["--all-targets", "--", "-D", "warnings"]].concat())?;
     }
-    cargo(
-        root,
-        &env,
-        &["test", "--manifest-path", "fuzz/Cargo.toml", "--target-dir", &replay_dir, "--test", "regressions"],
-    )?;
+    cargo(&[&["test"][..], &fuzz, &["--test", "regressions"]].concat())?;
     // The Python package (python/, outside the workspace): its lint, wheel and pytest.
     python::test(root, lint)?;
     println!("xtask: all tests passed");
