@@ -15,7 +15,7 @@ use handoff::storage::{Storage, Typed};
 use handoff::{DlpackExchange, Stream, stats, transfer, transfer_into};
 use handoff_examples::model;
 use handoff_torch::{CurrentStream, TorchTensor};
-use handoff_xla::{Buffer, Client, ClientOptions, CompileOptions, Kernel, Source};
+use handoff_xla::{Buffer, CallOptions, Client, ClientOptions, CompileOptions, Kernel, Source, XlaError};
 use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 
@@ -48,6 +48,24 @@ fn kernel_call_on_tch_tensors_cpu() {
         // `h` is still the caller's; the kernel's view of it is gone once released.
         assert_eq!(h.size(), [8, 16]);
     }
+}
+
+/// A host view XLA cannot read in place (4 bytes past a 64-byte boundary): refused,
+/// naming the input, unless the call allows the copy (then counted).
+#[test]
+fn kernel_call_on_a_misaligned_tch_view_cpu() {
+    let Some(client) = cpu_client() else { return };
+    let k = kernel(&client, LN_GELU_CPU);
+    let flat = Tensor::randn([1 + 8 * 16], (Kind::Float, Device::Cpu));
+    let view = flat.narrow(0, 1, 8 * 16).view([8, 16]);
+    let e = k.call1::<_, _, Tensor, _>(&view).unwrap_err();
+    assert!(matches!(e, XlaError::InputMismatch { index: 0, what: "data address", .. }), "{e:?}");
+    assert!(e.to_string().contains("allow_copy"), "{e}");
+    let (y, d) =
+        stats::measure(|| k.call_with::<_, _, [Tensor; 1], _>(&CallOptions::default().allow_copy(), [&view]));
+    let [y] = y.unwrap();
+    assert_eq!(d.copies, 1);
+    assert!(close(&y, &model::ln_gelu_torch(&view).unwrap()));
 }
 
 #[test]
@@ -292,6 +310,32 @@ fn gpu_kernel_call_with_two_inputs_and_outputs() {
     assert!(close(&h, &h_ref));
     assert!(close(&out, &(&x + model::ln_gelu_torch(&h_ref).unwrap())));
     println!("kernel call residual (cpu, cuda) on cuda:0: right, {d}");
+}
+
+/// A parameter viewed out of one flat buffer at a 4-byte offset (as fused optimizers
+/// lay parameters out): XLA's CUDA executables read 16-byte aligned buffers only, so the
+/// call is refused before the program runs, naming the input, its address and the
+/// alignment; the same values copied by the caller go through.
+#[test]
+fn gpu_kernel_call_refuses_a_misaligned_view_before_it_runs() {
+    let Some(client) = gpu_client() else { return };
+    let k = kernel(&client, LN_GELU_CPU_CUDA);
+    let flat = Tensor::randn([1 + 8 * 16], (Kind::Float, Device::Cuda(0)));
+    let view = flat.narrow(0, 1, 8 * 16).view([8, 16]);
+    assert_eq!(view.data_ptr() as usize % 16, 4);
+    let (e, d) = stats::measure(|| k.call1::<_, _, Tensor, _>(&view));
+    let e = e.unwrap_err();
+    let m = e.to_string();
+    assert!(
+        matches!(e, XlaError::InputMismatch { index: 0, what: "data address", .. })
+            && m.contains("16-byte aligned")
+            && m.contains("4 bytes past"),
+        "{m}"
+    );
+    assert_eq!((d.imports, d.host_syncs), (0, 0), "refused before XLA viewed it: {d}");
+    let y = k.call1::<_, _, Tensor, _>(&view.copy()).unwrap();
+    assert!(close(&y, &model::ln_gelu_torch(&view).unwrap()));
+    println!("kernel call on a view at a 4-byte offset: refused before it ran ({m}); its copy right");
 }
 
 /// PyTorch on XLA's ready stream (`use_stream`, as the README shows): the runtime sees

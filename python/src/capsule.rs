@@ -11,6 +11,7 @@
 use crate::keep_alive;
 use crate::main_thread;
 use crate::torch_api::Exported;
+use dlpark::DlpackFlags;
 use handoff_runtime::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use handoff_runtime::reaper;
 use handoff_runtime::{Access, Handoff, Stream};
@@ -88,6 +89,68 @@ pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
     } else {
         Taken::Legacy(MainThreadProxy::wrap(pointer.cast::<DLManagedTensor>()))
     })
+}
+
+/// The address of the first element, when `capsule` is an unconsumed DLPack capsule
+/// of host memory whose data is not aligned for its dtype (a NumPy view at an odd
+/// offset) and that passes every other rule of validation. Such a tensor is handed to
+/// the consumer unchanged, to copy or refuse as it would without handoff: the host
+/// needs no ordering, and handoff's own importers, which read typed memory, are not
+/// involved. Anything else is `None`, and taken in (or refused) as usual.
+pub fn passed_on(capsule: &Bound<'_, PyAny>, access: Access) -> Option<usize> {
+    let raw = capsule.as_ptr();
+    // SAFETY: `raw` is a live object, borrowed from `capsule` for this call; a capsule's
+    // name is NUL-terminated and lives as long as the capsule keeps it.
+    let versioned = unsafe {
+        if ffi::PyCapsule_CheckExact(raw) == 0 {
+            return None;
+        }
+        let name = ffi::PyCapsule_GetName(raw);
+        if name.is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        match CStr::from_ptr(name) {
+            n if n == DLTENSOR_VERSIONED => true,
+            n if n == DLTENSOR => false,
+            _ => return None,
+        }
+    };
+    let name = if versioned { DLTENSOR_VERSIONED } else { DLTENSOR };
+    // SAFETY: a capsule with exactly this name (checked above).
+    let pointer = unsafe { ffi::PyCapsule_GetPointer(raw, name.as_ptr()) };
+    if pointer.is_null() {
+        // SAFETY: clears the error `PyCapsule_GetPointer` set.
+        unsafe { ffi::PyErr_Clear() };
+        return None;
+    }
+    // SAFETY: the producer's live managed tensor of the ABI its capsule's name says
+    // (its version checked before the rest of its layout is read).
+    let (t, version, flags) = unsafe {
+        if versioned {
+            let m = &*pointer.cast::<DLManagedTensorVersioned>();
+            if m.version.major != 1 {
+                return None;
+            }
+            (&m.dl_tensor, Some(m.version), m.flags)
+        } else {
+            (&(*pointer.cast::<DLManagedTensor>()).dl_tensor, None, DlpackFlags::empty())
+        }
+    };
+    let address = misaligned_host(t)?;
+    // SAFETY: the producer's tensor, whose shape and strides arrays hold `ndim` values
+    // (the contract every importer relies on; validation bounds every other read).
+    unsafe { handoff_runtime::check_passed_on(t, version, flags, access) }.ok()?;
+    Some(address)
+}
+
+/// The address of `t`'s first element, when it is host memory not aligned for its
+/// dtype (see [`passed_on`]).
+pub fn misaligned_host(t: &DLTensor) -> Option<usize> {
+    let start = (t.data as usize).wrapping_add(t.byte_offset as usize);
+    let align = handoff_runtime::dtype::alignment(t.dtype);
+    let host = t.device.device_type == handoff_runtime::ffi::DLDeviceType::CPU;
+    (host && !start.is_multiple_of(align)).then_some(start)
 }
 
 /// Takes in a tensor PyTorch exported through its C exchange API, as [`adopt`] takes

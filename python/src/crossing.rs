@@ -93,11 +93,17 @@ static JAX_FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static TORCH_FROM_DLPACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 impl Public {
-    /// `jax.dlpack.from_dlpack(handoff.ordered(x))`.
+    /// `jax.dlpack.from_dlpack(handoff.ordered(x))`, with the copy JAX makes of memory it
+    /// cannot view counted.
     fn to_jax<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let py = x.py();
         let f = JAX_FROM_DLPACK.import(py, "jax.dlpack", "from_dlpack")?;
-        f.call1((Ordered::new(x, false, None)?,))
+        let ordered = Bound::new(py, Ordered::new(x, false, None)?)?;
+        let array = f.call1((&ordered,))?;
+        if let Some(source) = ordered.get().handed_out() {
+            count_jax_copy(&array, source)?;
+        }
+        Ok(array)
     }
 
     /// `torch.from_dlpack(handoff.ordered(x, writable=...))`.
@@ -279,6 +285,12 @@ impl ToJax {
         let Some(exported) = self.torch.export(t, self.detached)? else {
             return Public::to_jax(t); // PyTorch's own error, or a tensor it exports its own way
         };
+        if exported.misaligned_host() {
+            // JAX copies it, as from its own `from_dlpack` (and counted there).
+            drop(exported);
+            let detached = if self.detached { &t.call_method0(intern!(py, "detach"))? } else { t };
+            return Public::to_jax(detached);
+        }
         let dl = exported.device();
         let Some((device, ready)) = self.jax.device(py, dl)? else {
             drop(exported);
@@ -294,6 +306,7 @@ impl ToJax {
         };
         let adopted = capsule::adopt_exported(exported, &consumer, Access::Read).map_err(errors::to_py)?;
         let wide = wide_dtype(&adopted.handoff);
+        let source = adopted.handoff.data_ptr() as usize;
         // JAX takes legacy capsules only (as its `from_dlpack` asks for).
         let capsule = capsule::export(py, adopted, false)?;
         let array = self.jax.call_to_buffer(
@@ -303,8 +316,29 @@ impl ToJax {
             ready.as_ref().map(|r| r.raw),
             dl.device_type,
         )?;
-        if wide { self.jax.canonical(array) } else { Ok(array) }
+        let array = if wide { self.jax.canonical(array)? } else { array };
+        if ready.is_none() {
+            count_jax_copy(&array, source)?;
+        }
+        Ok(array)
     }
+}
+
+/// Counts (in `handoff.stats()`: `copies`, `bytes_copied`) the copy JAX made when its
+/// array does not view the memory at `source`: JAX copies host memory that is not
+/// 64-byte aligned (and converts 64-bit types when x64 mode is off), inside jaxlib
+/// where handoff cannot see it. On CUDA jaxlib always views.
+fn count_jax_copy(array: &Bound<'_, PyAny>, source: usize) -> PyResult<()> {
+    let py = array.py();
+    let bytes: u64 = array.getattr(intern!(py, "nbytes"))?.extract()?;
+    if bytes == 0 {
+        return Ok(()); // nothing read, nothing copied
+    }
+    let at: usize = array.call_method0(intern!(py, "unsafe_buffer_pointer"))?.extract()?;
+    if at != source {
+        handoff_runtime::__private::counted_copy(bytes);
+    }
+    Ok(())
 }
 
 /// A 64-bit element type, which JAX converts to 32 bits when x64 mode is off.

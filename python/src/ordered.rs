@@ -20,6 +20,7 @@ use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyTuple};
 use std::ffi::c_void;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Where the wrapped object's tensor comes from.
 enum Source {
@@ -63,6 +64,9 @@ pub struct Ordered {
     access: Access,
     /// Tests only: a simulated consumer stream instead of the one asked for.
     mock: Option<MockConsumer>,
+    /// The address of the first element last handed to a consumer (0: none yet), which
+    /// `handoff.to_jax` compares with the JAX array's to count a copy JAX made.
+    handed_out: AtomicUsize,
 }
 
 /// Wraps `obj` (anything with `__dlpack__` and `__dlpack_device__`, or with only
@@ -108,7 +112,12 @@ impl Ordered {
                 type_name(obj)
             )));
         };
-        Ok(Ordered { obj: obj.clone().unbind(), source, access, mock })
+        Ok(Ordered { obj: obj.clone().unbind(), source, access, mock, handed_out: AtomicUsize::new(0) })
+    }
+
+    /// The address of the first element last handed to a consumer, if any.
+    pub fn handed_out(&self) -> Option<usize> {
+        Some(self.handed_out.load(Ordering::Relaxed)).filter(|&a| a != 0)
     }
 
     /// The device of the wrapped tensor.
@@ -137,9 +146,10 @@ impl Ordered {
 
     /// The producer's tensor for the consumer that asks with `request`: through
     /// PyTorch's C exchange API for a plain torch tensor, else from the producer's
-    /// `__dlpack__` (or `__cuda_array_interface__`), taken in, checked, ordered. Also
-    /// whether a versioned export may carry it (the producer gave a versioned tensor).
-    fn take(&self, py: Python<'_>, request: &Request<'_, '_>) -> PyResult<(Adopted, bool)> {
+    /// `__dlpack__` (or `__cuda_array_interface__`), taken in, checked, ordered; or the
+    /// producer's capsule unchanged, for misaligned host memory (see
+    /// [`capsule::passed_on`]).
+    fn take<'py>(&self, py: Python<'py>, request: &Request<'_, 'py>) -> PyResult<Produced<'py>> {
         let Request { stream, requested, max_version, dl_device, copy, target } = *request;
         let (adopted, versioned) = match &self.source {
             Source::Dlpack { dlpack, .. } => {
@@ -150,7 +160,18 @@ impl Ordered {
                     Some(handoff) => (handoff, true),
                     None => {
                         let dlpack = dlpack.bind(py);
-                        self.ask_producer(py, dlpack, stream, &consumer, max_version, dl_device, copy)?
+                        match self.ask_producer(
+                            py,
+                            dlpack,
+                            stream,
+                            &consumer,
+                            max_version,
+                            dl_device,
+                            copy,
+                        )? {
+                            Produced::Taken(adopted, versioned) => (adopted, versioned),
+                            unchanged => return Ok(unchanged),
+                        }
                     }
                 }
             }
@@ -184,7 +205,8 @@ impl Ordered {
         if let Some(m) = &self.mock {
             m.consumer_work();
         }
-        Ok((adopted, versioned))
+        self.handed_out.store(adopted.handoff.data_ptr() as usize, Ordering::Relaxed);
+        Ok(Produced::Taken(adopted, versioned))
     }
 
     /// A plain torch tensor's export, as its own `__dlpack__(stream=...)` would make it,
@@ -223,6 +245,9 @@ impl Ordered {
             return Ok(None);
         }
         let Some(exported) = torch.export(obj, false)? else { return Ok(None) };
+        if exported.misaligned_host() {
+            return Ok(None); // passed on unchanged, from `__dlpack__`
+        }
         if cuda && !consumer.no_sync {
             let (producer, _) = torch.current_cuda_stream(py, exported.device())?;
             handoff_runtime::order(Some(&producer), &consumer.stream).map_err(errors::to_py)?;
@@ -243,7 +268,7 @@ impl Ordered {
         max_version: Option<&Bound<'py, PyAny>>,
         dl_device: Option<&Bound<'py, PyAny>>,
         copy: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Adopted, bool)> {
+    ) -> PyResult<Produced<'py>> {
         let kwargs = PyDict::new(py);
         kwargs.set_item(intern!(py, "stream"), stream)?;
         if let Some(v) = max_version {
@@ -270,12 +295,27 @@ impl Ordered {
             }
             Err(e) => return Err(e),
         };
+        if let Some(address) = capsule::passed_on(&produced, self.access) {
+            self.handed_out.store(address, Ordering::Relaxed);
+            return Ok(Produced::Unchanged(produced));
+        }
         let taken = capsule::take(&produced)?;
         let versioned = matches!(taken, Taken::Versioned(_));
         // SAFETY: `take` gave us the producer's unconsumed managed tensor.
         let adopted = unsafe { capsule::adopt(taken, &consumer.stream, self.access) };
-        Ok((adopted.map_err(errors::to_py)?, versioned))
+        Ok(Produced::Taken(adopted.map_err(errors::to_py)?, versioned))
     }
+}
+
+/// What a consumer of an [`Ordered`] gets.
+enum Produced<'py> {
+    /// The producer's tensor, taken in and ordered, and whether a versioned capsule
+    /// may carry it (the producer gave a versioned tensor).
+    Taken(Adopted, bool),
+    /// The producer's own capsule, unchanged: host memory not aligned for its dtype,
+    /// which the consumer copies or refuses as it would without handoff (host memory
+    /// needs no ordering).
+    Unchanged(Bound<'py, PyAny>),
 }
 
 // SAFETY: no borrowed-view callback (`HAS_DLTENSOR_VIEW` is false); the managed tensors
@@ -304,7 +344,15 @@ unsafe impl DlpackExchangeProducer for Ordered {
             copy: None,
             target,
         };
-        let (adopted, _) = self.take(py, &request)?;
+        let adopted = match self.take(py, &request)? {
+            Produced::Taken(adopted, _) => adopted,
+            Produced::Unchanged(_) => {
+                return Err(PyBufferError::new_err(
+                    "the producer's host memory is not aligned for its dtype: a consumer of the C \
+                     exchange API reads it in place, so handoff.ordered does not pass it on there",
+                ));
+            }
+        };
         // SAFETY: handoff's own managed tensor, owned here from now on.
         unsafe { Managed::from_raw(capsule::into_managed(adopted)) }
             .map_err(|e| PyBufferError::new_err(e.to_string()))
@@ -415,8 +463,12 @@ impl Ordered {
             None => self.device(py)?,
         };
         let request = Request { stream, requested, max_version, dl_device, copy, target };
-        let (adopted, producer_versioned) = self.take(py, &request)?;
-        capsule::export(py, adopted, versioned && producer_versioned)
+        match self.take(py, &request)? {
+            Produced::Taken(adopted, producer_versioned) => {
+                capsule::export(py, adopted, versioned && producer_versioned)
+            }
+            Produced::Unchanged(capsule) => Ok(capsule),
+        }
     }
 
     /// Tests only: moves the simulated clock of a `_mock_ordered` wrapper.

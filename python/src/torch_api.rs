@@ -253,6 +253,12 @@ impl Exported {
         self.get().dl_tensor.device
     }
 
+    /// Host memory not aligned for its dtype (`torch.from_numpy` of a view at an odd
+    /// offset), which handoff passes on unchanged (see [`crate::capsule::passed_on`]).
+    pub fn misaligned_host(&self) -> bool {
+        crate::capsule::misaligned_host(&self.get().dl_tensor).is_some()
+    }
+
     /// Gives up ownership: the caller calls the deleter.
     pub fn into_raw(self) -> *mut DLManagedTensorVersioned {
         let p = self.0.as_ptr();

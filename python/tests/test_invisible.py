@@ -114,3 +114,63 @@ def test_any_torch_view_keeps_its_strides(shape, data):
     extent = 1 + sum((d - 1) * s for d, s in zip(shape, strides) if d > 0)
     base = torch.arange(float(max(extent, 1)))
     check(torch.as_strided(base, shape, strides))
+
+
+def misaligned(dtype, count, offset):
+    """``count`` elements of ``dtype`` at ``offset`` bytes past a 64-byte boundary."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.zeros(count * itemsize + 128, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    a = raw[start : start + max(count, 1) * itemsize].view(dtype)[:count]
+    a[...] = np.arange(count)
+    return a
+
+
+@pytest.mark.parametrize(
+    "dtype,count,offset",
+    [(np.float64, 5, 4), (np.float64, 0, 3), (np.float32, 6, 2), (np.int64, 3, 1), (np.complex64, 2, 4)],
+    ids=str,
+)
+def test_misaligned_host_data_is_passed_on(dtype, count, offset):
+    """NumPy data not aligned for its dtype: each consumer copies or refuses it as it
+    would without the wrapper (handoff does not read it)."""
+    a = misaligned(dtype, count, offset)
+    assert a.ctypes.data % min(np.dtype(dtype).itemsize, 8) != 0  # handoff's rule
+    check(a)
+    check(torch.from_numpy(a))
+
+
+def test_misaligned_host_data_refused_where_the_consumer_refuses_a_copy():
+    a = misaligned(np.float64, 4, 4)
+    plain = outcome(lambda x: jax.dlpack.from_dlpack(x, copy=False), a)
+    wrapped = outcome(lambda x: jax.dlpack.from_dlpack(x, copy=False), handoff.ordered(a))
+    assert plain == wrapped == ("error", ValueError)
+
+
+def copies():
+    s = handoff.stats()
+    return s["copies"], s["bytes_copied"]
+
+
+@pytest.mark.parametrize("route", ["auto", "public"])
+def test_to_jax_counts_the_copy_jax_makes_of_host_memory(route):
+    """JAX copies host memory it cannot view (not 64-byte aligned, on the CPU): the
+    copy happens inside jaxlib, and handoff counts it by comparing addresses."""
+    handoff._handoff._set_route(route)
+    try:
+        base = torch.arange(64, dtype=torch.float32)
+        aligned = base[: 16 * 3] if base.data_ptr() % 64 == 0 else None
+        before = copies()
+        view = handoff.to_jax(base[1:9])  # 4 bytes past an aligned start: JAX copies
+        assert np.asarray(view).tolist() == list(range(1, 9))
+        assert copies() == (before[0] + 1, before[1] + 32)
+        if aligned is not None:
+            before = copies()
+            handoff.to_jax(aligned)
+            assert copies() == before, "a view is no copy"
+        before = copies()
+        numpy_view = misaligned(np.float32, 8, 4)
+        assert np.asarray(handoff.to_jax(numpy_view)).tolist() == list(range(8))
+        assert copies() == (before[0] + 1, before[1] + 32)
+    finally:
+        handoff._handoff._set_route("auto")

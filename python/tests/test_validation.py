@@ -29,7 +29,6 @@ CASES = {
     "strides required": (dict(version=(1, 2), null_strides=True), "strides is null but DLPack 1.2 requires"),
     "extent overflow": (dict(shape=[2, 2], strides=[2**62 - 1, 1]), "spans more than isize::MAX bytes"),
     "byte offset overflow": (dict(byte_offset=2**64 - 4), "overflows the address space"),
-    "misaligned": (dict(byte_offset=2), "is not aligned to 4 bytes"),
     "null data": (dict(data=0), "data is null but the tensor has 8 elements"),
     "null data with offset": (dict(data=0, shape=[0], strides=[1], byte_offset=8), "data is null but byte_offset is 8"),
     "outside address space": (dict(data=16, shape=[4], strides=[-100]), "leaves the address space"),
@@ -55,7 +54,6 @@ LEGACY_CASES = {
     "negative ndim": (dict(ndim=-1), "ndim is -1"),
     "null data": (dict(data=0), "data is null"),
     "unsupported device": (dict(device=(4, 0), dlpack_device=(1, 0)), r"device \(device_type 4"),
-    "misaligned": (dict(byte_offset=1), "not aligned"),
 }
 
 

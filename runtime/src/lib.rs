@@ -53,7 +53,7 @@ pub use ordered::{Ready, StreamOrdered, order};
 pub use stats::{Stats, stats};
 pub use stream::{Backend, Event, EventPool, RawEvent, RawStream, Stream};
 pub use transfer::{Exportable, ImportInto, Importable, transfer, transfer_into};
-pub use validate::{Access, MAX_NDIM};
+pub use validate::{Access, MAX_NDIM, check_passed_on};
 
 /// The DLPack C ABI, for code that passes raw DLPack pointers to
 /// [`Handoff::from_raw`] or takes them from [`Handoff::into_raw`] (the types of the

@@ -71,6 +71,28 @@ pub(crate) unsafe fn check(
     Ok(Checked { device })
 }
 
+/// Checks a foreign tensor that is handed on, unread, to a consumer outside handoff
+/// (host memory, which needs no ordering): every rule of an import
+/// ([`Handoff::from_raw`](crate::Handoff::from_raw)) but the alignment of its data,
+/// which that consumer judges as it would without handoff (JAX copies host memory it
+/// cannot view, NumPy and PyTorch view it).
+///
+/// # Safety
+/// `tensor.shape` and `tensor.strides`, when non-null, must point to `tensor.ndim`
+/// readable `i64` each if `0 <= ndim <= MAX_NDIM`.
+pub unsafe fn check_passed_on(
+    tensor: &DLTensor,
+    version: Option<DLPackVersion>,
+    flags: DlpackFlags,
+    access: Access,
+) -> Result<(), ValidationError> {
+    // SAFETY: forwarded from the caller.
+    match unsafe { check(tensor, version, flags, access) } {
+        Ok(_) | Err(ValidationError::Misaligned { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Checks a description handoff lays out itself (an adapter's [`TensorDesc`], or a
 /// foreign tensor [`check`] has accepted, re-wrapped): the same rules as [`check`]
 /// but the structural reading of a foreign `DLTensor`, which `managed::prepare` did
@@ -162,13 +184,6 @@ fn check_layout(l: &Layout<'_>, access: Access) -> Result<(), ValidationError> {
     let Some(start) = start else {
         return Err(ValidationError::ByteOffsetOverflow { data, byte_offset });
     };
-    let align = dtype::alignment(dtype);
-    // A mask for the powers of two every checked dtype has: a division by a divisor
-    // known only at run time costs more than the rest of these checks together.
-    let offset = if align.is_power_of_two() { start & (align - 1) } else { start % align };
-    if offset != 0 {
-        return Err(ValidationError::Misaligned { data, byte_offset, align, dtype: dtype::name(dtype) });
-    }
     if elements > 0 {
         // Compact memory reaches its packed bytes from the first element on.
         let extent = match l.strides {
@@ -202,6 +217,15 @@ fn check_layout(l: &Layout<'_>, access: Access) -> Result<(), ValidationError> {
         && !is_non_overlapping(shape, strides)
     {
         return Err(ValidationError::OverlappingWrite { shape: shape.to_vec(), strides: strides.to_vec() });
+    }
+    // Last, so that a tensor refused only for it passes every other rule
+    // ([`check_passed_on`]).
+    let align = dtype::alignment(dtype);
+    // A mask for the powers of two every checked dtype has: a division by a divisor
+    // known only at run time costs more than the rest of these checks together.
+    let offset = if align.is_power_of_two() { start & (align - 1) } else { start % align };
+    if offset != 0 {
+        return Err(ValidationError::Misaligned { data, byte_offset, align, dtype: dtype::name(dtype) });
     }
     Ok(())
 }

@@ -37,6 +37,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// The alignment XLA's CPU client needs for a zero-copy view of host memory.
 pub const CPU_ALIGNMENT: usize = 64;
 
+/// The alignment XLA's CUDA executables need of every buffer they read, whatever its
+/// dtype (a view at another address is accepted by PJRT, then refused when the program
+/// runs: "Address of buffer N must be a multiple of 10"). A view is checked against it
+/// before anything runs; a tensor at a 4-byte offset into a flat buffer must be copied
+/// by the caller first.
+pub const GPU_ALIGNMENT: usize = 16;
+
+/// Why XLA on `client` cannot read memory at `address` in place: the alignment it
+/// needs there, when `address` misses it.
+pub(crate) fn misalignment(client: &Client, address: usize) -> Option<usize> {
+    let align = if client.is_gpu() { GPU_ALIGNMENT } else { CPU_ALIGNMENT };
+    (!address.is_multiple_of(align)).then_some(align)
+}
+
 /// Options of [`Client::import_with`].
 ///
 /// ```
@@ -267,6 +281,17 @@ pub(crate) fn prepare(client: &Client, handoff: Handoff, options: ViewOptions) -
         copied,
     };
     if client.is_gpu() {
+        if let Some(align) = misalignment(client, data as usize) {
+            return Err(XlaError::invalid(
+                "hand-off data pointer",
+                format!("{data:p}"),
+                format!(
+                    "XLA's CUDA executables read buffers at {align}-byte aligned addresses only (this one \
+                     is {} bytes past a boundary); copy the tensor first",
+                    data as usize % align
+                ),
+            ));
+        }
         // The client is held for the whole import: no handle of the stream is made.
         let ready = cached_ready_stream(client, device)?;
         // The producer made the data ready on the hand-off's consumer stream: order

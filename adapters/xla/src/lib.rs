@@ -54,7 +54,7 @@ pub use artifact::Artifact;
 pub use buffer::{Buffer, OutputBuffer, PjrtEvent, ViewWatch};
 pub use client::{Client, XlaDevice};
 pub use error::{ErrorCode, Result, XlaError};
-pub use exchange::{Borrowed, CPU_ALIGNMENT, ViewOptions};
+pub use exchange::{Borrowed, CPU_ALIGNMENT, GPU_ALIGNMENT, ViewOptions};
 pub use executable::{CompileOptions, Executable, Program};
 pub use hlo::ArraySpec;
 pub use kernel::{Args, AsIs, CallOptions, Imported, Inputs, Kernel, Output, OutputBuffers, Outputs, Source};

@@ -204,7 +204,9 @@ fn host_inputs_are_viewed_or_copied_only_when_asked() {
     close(&y.unwrap().to_vec::<f32>().unwrap(), &xs.iter().map(|&v| gelu_scale(v)).collect::<Vec<_>>(), 1e-5);
     assert_eq!(d.copies, 0);
     let e = k.call1::<_, _, Buffer, _>(HostValue(host(4))).unwrap_err();
-    assert!(e.to_string().contains("allow_copy"), "{e}");
+    let m = e.to_string();
+    assert!(matches!(e, XlaError::InputMismatch { index: 0, what: "data address", .. }), "{e:?}");
+    assert!(m.contains("allow_copy") && m.contains("64-byte") && m.contains("4 bytes past"), "{m}");
     let (y, d) = stats::measure(|| {
         k.call_with::<_, _, [Buffer; 1], _>(&CallOptions::default().allow_copy(), [HostValue(host(4))])
     });

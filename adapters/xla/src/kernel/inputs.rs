@@ -86,6 +86,12 @@ impl Inputs<'_> {
         if let Some(p) = param {
             check_spec(name, index, p, handoff.dtype(), handoff.shape())?;
         }
+        let address = handoff.data_ptr() as usize;
+        if let Some(align) = exchange::misalignment(&k.client, address)
+            && (k.client.is_gpu() || !self.options.allow_copy)
+        {
+            return Err(misaligned(name, index, address, align, k.client.is_gpu()));
+        }
         if handoff.is_read_only() {
             self.read_only.push(self.buffers.len() as i64);
         }
@@ -98,6 +104,28 @@ impl Inputs<'_> {
         handoff_runtime::__private::counted_import();
         self.buffers.push(input);
         Ok(())
+    }
+}
+
+/// An input XLA cannot read in place: on CUDA never (the caller copies it), on the CPU
+/// unless the call allows a copy.
+#[cold]
+#[inline(never)]
+fn misaligned(program: &str, index: usize, address: usize, align: usize, gpu: bool) -> XlaError {
+    XlaError::InputMismatch {
+        program: program.to_string(),
+        index,
+        what: "data address",
+        expected: if gpu {
+            format!(
+                "{align}-byte aligned memory on CUDA (XLA's executables read no other; copy the tensor first)"
+            )
+        } else {
+            format!(
+                "{align}-byte aligned host memory (XLA's CPU client views no other), or CallOptions::allow_copy()"
+            )
+        },
+        got: format!("{address:#x} ({} bytes past a boundary)", address % align),
     }
 }
 
