@@ -1,0 +1,111 @@
+"""What a jitted JAX call costs the host when its inputs are new arrays each time.
+
+Inside a training step through ``handoff.torch_function`` the two JAX executables (the
+forward with VJP residuals and the VJP) take longer to dispatch than on the same arrays
+again and again (``bench/train_three_way.py``'s floor row). This separates the causes:
+the host time of the forward-with-residuals + VJP pair of the MLP layer, on
+
+- ``same``: the same JAX arrays every step (the floor row);
+- ``device_put``: arrays JAX made itself, new every step (made before the clock);
+- ``to_jax``: arrays ``handoff.to_jax`` made of torch tensors, new every step;
+- ``from_dlpack``: arrays ``jax.dlpack.from_dlpack`` made of torch tensors, new every step.
+
+Only the two calls are timed (the arrays are made beforehand, in batches). Median of
+``--reps`` batches of ``--steps`` steps, µs per step. JSON lines.
+
+    python bench/dispatch_cost.py [--device cuda|cpu] [--dtype f32|bf16] [--steps 200]
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
+    ap.add_argument("--size", default="64x256")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args()
+
+    import jax
+    import jax.dlpack
+    import jax.numpy as jnp
+    import torch
+
+    import handoff
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("SKIPPED: no CUDA device")
+        return
+    dev = args.device
+    tdt = torch.float32 if args.dtype == "f32" else torch.bfloat16
+    batch, dim = (int(v) for v in args.size.split("x"))
+
+    def layer(h, gamma, beta, w2):
+        hf = h.astype(jnp.float32)
+        mu = hf.mean(-1, keepdims=True)
+        var = ((hf - mu) ** 2).mean(-1, keepdims=True)
+        z = (hf - mu) * jax.lax.rsqrt(var + 1e-5) * gamma.astype(jnp.float32) + beta.astype(jnp.float32)
+        return jax.nn.gelu(z, approximate=True).astype(h.dtype) @ w2
+
+    fwd = jax.jit(lambda *a: jax.vjp(layer, *a))
+    bwd = jax.jit(lambda vjp, ct: vjp(ct))
+    shapes = [(batch, dim), (dim,), (dim,), (dim, dim)]
+
+    def tensors():
+        return [torch.randn(s, device=dev).to(tdt) for s in shapes]
+
+    def ct_tensor():
+        return torch.randn(batch, dim, device=dev).to(tdt)
+
+    jdev = jax.devices("gpu" if dev == "cuda" else "cpu")[0]
+
+    def by_device_put(ts):
+        return [jax.device_put(jnp.asarray(t.float().cpu().numpy()).astype(jnp.dtype(str(t.dtype)[6:])), jdev)
+                for t in ts]
+
+    makers = {
+        "device_put": by_device_put,
+        "to_jax": lambda ts: [handoff.to_jax(t) for t in ts],
+        "from_dlpack": lambda ts: [jax.dlpack.from_dlpack(t) for t in ts],
+    }
+    fixed = makers["to_jax"](tensors() + [ct_tensor()])
+
+    def time_steps(inputs):
+        """µs per step of the two calls over ``inputs`` (a list of (xs, ct) per step)."""
+        t0 = time.perf_counter()
+        for xs, ct in inputs:
+            _, vjp = fwd(*xs)
+            g = bwd(vjp, ct)
+        t1 = time.perf_counter()
+        jax.block_until_ready(g)
+        return (t1 - t0) * 1e6 / len(inputs)
+
+    rows = {}
+    for name in ["same", *makers]:
+        per = []
+        for rep in range(args.reps + 2):  # two warm-up batches
+            if name == "same":
+                inputs = [(fixed[:4], fixed[4])] * args.steps
+            else:
+                made = [makers[name](tensors() + [ct_tensor()]) for _ in range(args.steps)]
+                inputs = [(m[:4], m[4]) for m in made]
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            us = time_steps(inputs)
+            if rep >= 2:
+                per.append(us)
+            del inputs
+        rows[name] = statistics.median(per)
+        print(json.dumps({"inputs": name, "us_per_step": round(rows[name], 1), "device": dev,
+                          "dtype": args.dtype, "size": args.size}), flush=True)
+    print(json.dumps({"summary": {k: round(v / rows["same"], 2) for k, v in rows.items()},
+                      "note": "each row over 'same'"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
