@@ -216,6 +216,18 @@ pub enum XlaError {
         reason: String,
     },
 
+    /// Bytes the isolated loader's child did not pass: the plugin refused them, or the
+    /// child died on them (a signal, an exit status) or ran past its time limit. The
+    /// calling process is unharmed; nothing was compiled in it.
+    #[error("{name}: refused by the isolated check: {outcome}; the child's last line: {last_line}")]
+    Refused {
+        /// The file, or the bytes' size.
+        name: String,
+        /// What happened to the child ("killed by signal 6 (SIGABRT)", ...).
+        outcome: String,
+        /// The last line the child wrote on standard error (the plugin's own message).
+        last_line: String,
+    },
     /// A runtime (hand-off) error.
     #[error(transparent)]
     Runtime(Box<handoff_runtime::Error>),

@@ -45,6 +45,11 @@ impl Program {
         let path = path.as_ref();
         let code = std::fs::read(path)
             .map_err(|e| XlaError::invalid("program path", path.display(), e.to_string()))?;
+        Program::read_from(path, code)
+    }
+
+    /// The program in `code`, read from the file at `path` (which names it).
+    pub(crate) fn read_from(path: &Path, code: Vec<u8>) -> Result<Program> {
         let mut p = if code.starts_with(MLIR_BYTECODE_MAGIC) {
             Program::bytecode(code)
         } else {

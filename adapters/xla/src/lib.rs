@@ -44,6 +44,7 @@ mod few;
 #[doc(hidden)]
 pub mod floor;
 pub mod hlo;
+pub mod isolation;
 mod kernel;
 mod options;
 mod plugin;
@@ -57,6 +58,7 @@ pub use error::{ErrorCode, Result, XlaError};
 pub use exchange::{Borrowed, CPU_ALIGNMENT, GPU_ALIGNMENT, ViewOptions};
 pub use executable::{CompileOptions, Executable, Program};
 pub use hlo::ArraySpec;
+pub use isolation::{Isolation, LoadOptions};
 pub use kernel::{Args, AsIs, CallOptions, Imported, Inputs, Kernel, Output, OutputBuffers, Outputs, Source};
 pub use options::{ClientOptions, OptionValue, Value};
 pub use plugin::{PLUGIN_ENV, Plugin};
