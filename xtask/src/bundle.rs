@@ -73,7 +73,12 @@ pub const PACKAGES: &[Package] = &[
     // The CPU tests of handoff-xla need the CPU plugin, which the GPU machine lacks.
     Package {
         name: "handoff-xla",
-        kinds: &[Kind::Test("gpu_exchange")],
+        kinds: &[
+            Kind::Test("gpu_exchange"),
+            // The isolated loader's cost per load with the CUDA plugin, beside an
+            // in-process load.
+            Kind::Example("isolation_cost", &[&["5"]]),
+        ],
         features: &["cuda"],
         needs_setup: true,
     },

@@ -10,7 +10,6 @@
 //! ```
 
 use handoff_xla::{Client, Kernel, LoadOptions, XlaError};
-use std::path::PathBuf;
 use std::time::Instant;
 
 /// Makes load `i`'s bytes unlike any other load's (so a child runs for each).
@@ -24,31 +23,24 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<(), XlaError> {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10);
     let client = Client::from_env()?;
-    let programs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("programs");
+    // Embedded: the GPU bundle runs this far from the tree it was built in.
+    let text = include_bytes!("../programs/ln_gelu_f32_64x64.mlir").to_vec();
     let artifact = if client.is_gpu() {
-        "block_f32_8x16_cpu_cuda_vjp.jaxexport"
+        include_bytes!("../programs/block_f32_8x16_cpu_cuda_vjp.jaxexport").to_vec()
     } else {
-        "block_f32_8x16_cpu_vjp.jaxexport"
+        include_bytes!("../programs/block_f32_8x16_cpu_vjp.jaxexport").to_vec()
     };
     let cases: [(&str, Vec<u8>, Unique); 2] = [
-        (
-            "StableHLO text (ln_gelu 64x64)",
-            std::fs::read(programs.join("ln_gelu_f32_64x64.mlir")).unwrap(),
-            |b, i| {
-                let mut v = b.to_vec();
-                v.extend_from_slice(format!("\n// load {i} of {}\n", std::process::id()).as_bytes());
-                v
-            },
-        ),
-        (
-            "jax.export artifact with VJP (block 8x16)",
-            std::fs::read(programs.join(artifact)).unwrap(),
-            |b, i| {
-                let mut v = b.to_vec();
-                v.extend_from_slice(format!("\0load {i} of {}", std::process::id()).as_bytes());
-                v
-            },
-        ),
+        ("StableHLO text (ln_gelu 64x64)", text, |b, i| {
+            let mut v = b.to_vec();
+            v.extend_from_slice(format!("\n// load {i} of {}\n", std::process::id()).as_bytes());
+            v
+        }),
+        ("jax.export artifact with VJP (block 8x16)", artifact, |b, i| {
+            let mut v = b.to_vec();
+            v.extend_from_slice(format!("\0load {i} of {}", std::process::id()).as_bytes());
+            v
+        }),
     ];
     println!(
         "plugin {} ({}, {})",
