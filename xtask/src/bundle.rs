@@ -124,11 +124,13 @@ pub(crate) struct Binary {
     runs: &'static [&'static [&'static str]],
 }
 
-/// `cargo xtask gpu-bundle [--only <package>]... [--baseline <rev>]` (for `--baseline`,
-/// see `baseline.rs`).
+/// `cargo xtask gpu-bundle [--only <package>]... [--baseline <rev>] [--prev-wheel <file>]`
+/// (for `--baseline`, see `baseline.rs`; `--prev-wheel`: a handoff wheel of an earlier
+/// commit, which `run.sh` compares this one with in its training A/B).
 pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
     let only: Vec<&str> = args.windows(2).filter(|w| w[0] == "--only").map(|w| w[1].as_str()).collect();
     let baseline = args.windows(2).find(|w| w[0] == "--baseline").map(|w| w[1].as_str());
+    let prev_wheel = args.windows(2).find(|w| w[0] == "--prev-wheel").map(|w| Path::new(w[1].as_str()));
     let selected: Vec<&Package> =
         PACKAGES.iter().filter(|p| only.is_empty() || only.contains(&p.name)).collect();
     if selected.is_empty() {
@@ -155,7 +157,7 @@ pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
         println!("xtask: bundled {:<48} {:>6.1} MiB", b.name, size as f64 / (1 << 20) as f64);
     }
     // The Python package's abi3 wheel and its GPU script (python.rs).
-    total += crate::python::bundle(root, &out)?;
+    total += crate::python::bundle(root, &out, prev_wheel)?;
     let script = out.join("run.sh");
     std::fs::write(&script, run_script(&binaries)).map_err(|e| format!("cannot write run.sh: {e}"))?;
     set_executable(&script)?;

@@ -10,7 +10,8 @@
 //!   toolchain with the `miri` component; not part of `test`)
 //! - `gpu-bundle`  build the GPU tests and benchmarks into `gpu-bundle/` with a `run.sh` (see bundle.rs);
 //!   `--baseline <rev>` adds the host-cost benchmarks built at `rev` and an `ab.sh` that
-//!   runs both builds in turns (see baseline.rs)
+//!   runs both builds in turns (see baseline.rs); `--prev-wheel <file>` an earlier Python
+//!   wheel for the training A/B
 
 mod baseline;
 mod bundle;

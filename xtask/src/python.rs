@@ -8,12 +8,14 @@
 //! - `cargo xtask test`: `cargo fmt --check` and clippy (`-D warnings`) of
 //!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy, JAX and
 //!   PyTorch on the CPU; PyTorch from [`TORCH`]).
-//! - `cargo xtask gpu-bundle`: the wheel, `python/tests/gpu_h200.py`,
-//!   `bench/train_three_way.py` and the wheels of the packages it compares with
-//!   ([`COMPARED`]: jax2torch, torch-jax-interop and what the latter imports), and
-//!   `bench/python_host_cost.py` go into
-//!   `gpu-bundle/`, and `run.sh` installs the wheels into a temporary directory with the
-//!   GPU machine's own Python (torch and JAX there) and runs the scripts ([`RUN_STEP`]).
+//! - `cargo xtask gpu-bundle`: the wheel, the GPU checks (`python/tests/gpu_h200.py`,
+//!   `gpu_training.py`, `bench/cuda_core_consumer.py`), the benchmarks
+//!   (`bench/python_host_cost.py`, `dispatch_cost.py`, `profile_step.py`,
+//!   `train_three_way.py` with the wheels of the packages it compares with,
+//!   [`COMPARED`]: jax2torch, torch-jax-interop and what the latter imports) and, with
+//!   `--prev-wheel`, an earlier wheel for the A/B go into `gpu-bundle/`; `run.sh`
+//!   installs the wheels into a temporary directory with the GPU machine's own Python
+//!   (torch and JAX there) and runs the scripts ([`RUN_STEP`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -179,10 +181,11 @@ pub fn test(root: &Path, lint: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds the wheel and copies it, the GPU script, the training comparison and the
-/// wheels of the packages it compares with ([`COMPARED`]) into the bundle directory
-/// `out`; returns the bytes added.
-pub fn bundle(root: &Path, out: &Path) -> Result<u64, String> {
+/// Builds the wheel and copies it, the GPU scripts, the benchmarks, the wheels of the
+/// packages the training comparison compares with ([`COMPARED`]) and, for the A/B, a
+/// previous handoff wheel (into `prev/`) into the bundle directory `out`; returns the
+/// bytes added.
+pub fn bundle(root: &Path, out: &Path, prev_wheel: Option<&Path>) -> Result<u64, String> {
     let python = venv(root)?;
     let wheel = build_wheel(root, &python)?;
     let file_name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -192,7 +195,14 @@ pub fn bundle(root: &Path, out: &Path) -> Result<u64, String> {
         (root.join(GPU_TRAINING_SCRIPT), "python_gpu_training.py".to_string()),
         (root.join(TRAIN_SCRIPT), "train_three_way.py".to_string()),
         (root.join(HOST_COST_SCRIPT), "python_host_cost.py".to_string()),
+        (root.join("bench/dispatch_cost.py"), "dispatch_cost.py".to_string()),
+        (root.join("bench/profile_step.py"), "profile_step.py".to_string()),
+        (root.join("bench/cuda_core_consumer.py"), "cuda_core_consumer.py".to_string()),
     ];
+    if let Some(prev) = prev_wheel {
+        std::fs::create_dir_all(out.join("prev")).map_err(|e| e.to_string())?;
+        files.push((prev.to_path_buf(), format!("prev/{}", file_name(prev))));
+    }
     for (requirement, prefix) in COMPARED {
         let w = pypi_wheel(root, &python, requirement, prefix)?;
         let name = file_name(&w);
@@ -248,178 +258,96 @@ fn pypi_wheel(root: &Path, python: &Path, requirement: &str, prefix: &str) -> Re
     })
 }
 
-/// The `run.sh` steps: installs the bundled wheel into a temporary directory with the
-/// GPU machine's Python (no network: `--no-index`, else unzipped), runs the GPU script
-/// with it on `PYTHONPATH` (at most 540 s), logs to `$LOGS/python_handoff.log`; then
-/// the same with the compared packages' wheels ([`COMPARED`]) beside it for
-/// `train_three_way.py`, logs to `$LOGS/train_three_way.log`; then, only where the bundle
-/// holds a previous handoff wheel (`prev/handoff-*.whl`, `baseline/handoff-*.whl` or
-/// `handoff_prev-*.whl`), the A/B of the two wheels at the GPU-bound sizes: the script's
-/// light run (pure PyTorch and handoff) with each wheel in turns, `AB_ROUNDS` times
-/// (default 2), then its `--ab` report (`$LOGS/train_three_way_ab*.log`).
+/// The `run.sh` steps of the Python package, each through one shell function,
+/// `py_step <name> <script> <limit s> [args...]`: the bundled handoff wheel (and, for the
+/// training comparison, the compared packages' wheels, [`COMPARED`]) installed with the
+/// GPU machine's Python into a temporary directory (no network: `--no-index`, else
+/// unzipped), the script run with it on `PYTHONPATH` under a time limit, its JSON lines
+/// shown, its log in `$LOGS/<name>.log`, a non-zero exit a failed step. `ONLY=<name>`
+/// runs the steps whose name contains it. Then, only where the bundle holds a previous
+/// handoff wheel (`prev/handoff-*.whl`), the A/B of the two wheels at the GPU-bound
+/// sizes: the training script's light run (pure PyTorch and handoff, 3 × 10 steps) with
+/// each wheel in turns, `AB_ROUNDS` times (default 2), then its `--ab` report.
 pub const RUN_STEP: &str = r#"
-# handoff for Python: the bundled wheel, installed with the machine's own Python (its
-# torch and JAX), and python_gpu_h200.py (JSON lines; exit 1 on a failed check).
-if [ -z "${ONLY:-}" ] || [[ "python_handoff" == *"$ONLY"* ]]; then
-  echo "== python_handoff"
-  PY="${PYTHON:-python3}"
-  if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
-  WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
-  GPU_PY="$HERE/python_gpu_h200.py"
-  [ -f "$GPU_PY" ] || GPU_PY="$HERE/../python/tests/gpu_h200.py"
-  LOG="$LOGS/python_handoff.log"
-  if [ -z "$WHEEL" ] || [ ! -f "$GPU_PY" ]; then
-    echo "SKIP python_handoff: no handoff wheel or GPU script in $HERE" >> "$SUMMARY"
-  else
-    TMP_PY="$(mktemp -d)"
-    {
-      "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/site" "$WHEEL" \
-        || "$PY" -m zipfile -e "$WHEEL" "$TMP_PY/site"
-    } > "$LOG" 2>&1
-    PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 540 "$PY" "$GPU_PY" >> "$LOG" 2>&1; rc=$?
-    TRAINING_PY="$HERE/python_gpu_training.py"
-    [ -f "$TRAINING_PY" ] || TRAINING_PY="$HERE/../python/tests/gpu_training.py"
-    if [ "$rc" -eq 0 ] && [ -f "$TRAINING_PY" ]; then
-      PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 300 "$PY" "$TRAINING_PY" >> "$LOG" 2>&1; rc=$?
-    fi
-    grep -E '^\{|SKIPPED:' "$LOG" | sed 's/^/   /'
-    if [ "$rc" -ne 0 ]; then
-      failed=$((failed + 1)); echo "   FAILED (exit $rc)"; tail -n 30 "$LOG" | sed 's/^/   | /'
-      echo "FAIL python_handoff exit=$rc" >> "$SUMMARY"
-    else
-      echo "ok   python_handoff" >> "$SUMMARY"
-    fi
-    rm -rf "$TMP_PY"
-  fi
-fi
+PY="${PYTHON:-python3}"
+if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
+WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
+COMPARED="$(ls "$HERE"/jax2torch-*.whl "$HERE"/torch_jax_interop-*.whl "$HERE"/chex-*.whl \
+  "$HERE"/absl_py-*.whl "$HERE"/toolz-*.whl 2>/dev/null)"
 
-# Training through a JAX layer: pure PyTorch, jax2torch and
-# torch-jax-interop (the bundled wheels, with chex, absl-py and toolz, which the latter
-# imports), handoff.torch_function and the JAX layer alone, an MLP and an attention block;
-# JSON lines, a markdown table, exit 1 on a failed check (bench/train_three_way.py says
-# which).
-if [ -z "${ONLY:-}" ] || [[ "train_three_way" == *"$ONLY"* ]]; then
-  echo "== train_three_way"
-  PY="${PYTHON:-python3}"
-  if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
-  WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
-  COMPARED="$(ls "$HERE"/jax2torch-*.whl "$HERE"/torch_jax_interop-*.whl "$HERE"/chex-*.whl \
-    "$HERE"/absl_py-*.whl "$HERE"/toolz-*.whl 2>/dev/null)"
-  TRAIN_PY="$HERE/train_three_way.py"
-  [ -f "$TRAIN_PY" ] || TRAIN_PY="$HERE/../bench/train_three_way.py"
-  LOG="$LOGS/train_three_way.log"
-  if [ -z "$WHEEL" ] || [ ! -f "$TRAIN_PY" ]; then
-    echo "SKIP train_three_way: no handoff wheel or train_three_way.py in $HERE" >> "$SUMMARY"
-  else
-    TMP_PY="$(mktemp -d)"
-    {
-      for W in "$WHEEL" $COMPARED; do
-        "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/site" "$W" \
-          || "$PY" -m zipfile -e "$W" "$TMP_PY/site"
-      done
-    } > "$LOG" 2>&1
-    PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 540 "$PY" "$TRAIN_PY" >> "$LOG" 2>&1; rc=$?
-    grep -E '^\{|^\||^handoff routes:|SKIPPED:|^note:|CHECK FAILED' "$LOG" | sed 's/^/   /'
-    if [ "$rc" -ne 0 ]; then
-      failed=$((failed + 1)); echo "   FAILED (exit $rc)"; tail -n 30 "$LOG" | sed 's/^/   | /'
-      echo "FAIL train_three_way exit=$rc" >> "$SUMMARY"
-    else
-      echo "ok   train_three_way" >> "$SUMMARY"
-    fi
-    rm -rf "$TMP_PY"
-  fi
-fi
+# install <dir> <wheel>...: the wheels into <dir> with the machine's Python.
+install() {
+  local dir="$1" w; shift
+  for w in "$@"; do
+    "$PY" -m pip install --quiet --no-deps --no-index --target "$dir" "$w" || "$PY" -m zipfile -e "$w" "$dir"
+  done
+}
 
-# The A/B of two handoff wheels, only where the bundle holds a previous one
-# (prev/handoff-*.whl, baseline/handoff-*.whl or handoff_prev-*.whl): train_three_way.py
-# at the GPU-bound sizes, pure PyTorch and handoff, run with the previous wheel and with
-# this one in turns, AB_ROUNDS times (default 2), then its --ab report: per model, size
-# and dtype, this wheel's ms per step over the previous one's (medians over the rounds;
-# target <= 1.03, reported, not a check) and the same over their ratios to PyTorch. A run
-# that fails a check (or exits otherwise than 0) fails the step.
-if [ -z "${ONLY:-}" ] || [[ "train_three_way_ab" == *"$ONLY"* ]]; then
-  PREV="$(ls "$HERE"/prev/handoff-*.whl "$HERE"/baseline/handoff-*.whl "$HERE"/handoff_prev-*.whl 2>/dev/null | head -n 1)"
-  if [ -n "$PREV" ]; then
-    echo "== train_three_way_ab (${PREV#"$HERE"/} against this bundle's wheel)"
-    PY="${PYTHON:-python3}"
-    if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
-    WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
-    TRAIN_PY="$HERE/train_three_way.py"
-    [ -f "$TRAIN_PY" ] || TRAIN_PY="$HERE/../bench/train_three_way.py"
-    LOG="$LOGS/train_three_way_ab.log"
-    rm -f "$LOGS"/train_three_way_ab_*.log
-    if [ -z "$WHEEL" ] || [ ! -f "$TRAIN_PY" ]; then
-      echo "SKIP train_three_way_ab: no handoff wheel or train_three_way.py in $HERE" >> "$SUMMARY"
-    else
-      TMP_PY="$(mktemp -d)"
-      {
-        "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/new" "$WHEEL" \
-          || "$PY" -m zipfile -e "$WHEEL" "$TMP_PY/new"
-        "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/prev" "$PREV" \
-          || "$PY" -m zipfile -e "$PREV" "$TMP_PY/prev"
-      } > "$LOG" 2>&1
-      ab_failed=""
-      ab_skipped=""
-      for round in $(seq 1 "${AB_ROUNDS:-2}"); do
-        for which in prev new; do
-          L="$LOGS/train_three_way_ab_${which}_$round.log"
-          PYTHONPATH="$TMP_PY/$which${PYTHONPATH:+:$PYTHONPATH}" timeout 240 "$PY" "$TRAIN_PY" \
-            --label "$which" --bound gpu --variants torch handoff --trials 0 > "$L" 2>&1; rc=$?
-          grep -E '"figure": "env"|CHECK FAILED|SKIPPED:' "$L" | cut -c1-400 | sed "s/^/   $which $round: /"
-          if grep -q 'SKIPPED:' "$L"; then ab_skipped=1; fi
-          if [ "$rc" -ne 0 ]; then
-            ab_failed="$ab_failed $which-$round=$rc"; tail -n 30 "$L" | sed 's/^/   | /'
-          fi
-        done
-      done
-      if [ -n "$ab_skipped" ] && [ -z "$ab_failed" ]; then
-        echo "SKIP train_three_way_ab: $(grep -h -m 1 'SKIPPED:' "$LOGS"/train_three_way_ab_*.log | head -n 1)" >> "$SUMMARY"
-      else
-        timeout 60 "$PY" "$TRAIN_PY" --ab "$LOGS"/train_three_way_ab_*.log --ab-base prev >> "$LOG" 2>&1; rc=$?
-        grep -E '^\{|^\||^ab:' "$LOG" | sed 's/^/   /'
-        if [ -n "$ab_failed" ] || [ "$rc" -ne 0 ]; then
-          failed=$((failed + 1)); echo "   FAILED (runs:${ab_failed:- ok}; report exit $rc)"
-          echo "FAIL train_three_way_ab runs:${ab_failed:- ok} report=$rc" >> "$SUMMARY"
-        else
-          echo "ok   train_three_way_ab" >> "$SUMMARY"
-        fi
-      fi
-      rm -rf "$TMP_PY"
-    fi
+# py_step <name> <script in the bundle> <limit s> [args...]
+py_step() {
+  local name="$1" script="$HERE/$2" limit="$3" rc
+  shift 3
+  if [ -n "${ONLY:-}" ] && [[ "$name" != *"$ONLY"* ]]; then return; fi
+  echo "== $name $*"
+  local log="$LOGS/$name.log"
+  if [ -z "$WHEEL" ] || [ ! -f "$script" ]; then
+    echo "SKIP $name: no handoff wheel or $(basename "$script") in $HERE" >> "$SUMMARY"; return
   fi
-fi
-
-# The host cost of each crossing both ways: plain from_dlpack, through handoff.ordered,
-# handoff.to_jax/to_torch on each route, the frameworks' own entry points and their
-# pieces alone; 256x256 f32, median of 10,000 calls in turns, two rounds; JSON lines
-# (targets reported with "met"), exit 1 on a failed check (wrong values, a host sync, a
-# release pending or leaked).
-if [ -z "${ONLY:-}" ] || [[ "python_host_cost" == *"$ONLY"* ]]; then
-  echo "== python_host_cost"
-  PY="${PYTHON:-python3}"
-  if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
-  WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
-  COST_PY="$HERE/python_host_cost.py"
-  [ -f "$COST_PY" ] || COST_PY="$HERE/../bench/python_host_cost.py"
-  LOG="$LOGS/python_host_cost.log"
-  if [ -z "$WHEEL" ] || [ ! -f "$COST_PY" ]; then
-    echo "SKIP python_host_cost: no handoff wheel or python_host_cost.py in $HERE" >> "$SUMMARY"
+  local tmp; tmp="$(mktemp -d)"
+  install "$tmp/site" "$WHEEL" $COMPARED > "$log" 2>&1
+  PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}" timeout "$limit" "$PY" "$script" "$@" >> "$log" 2>&1; rc=$?
+  grep -E '^\{|^\||^handoff routes:|SKIPPED:|^note:|CHECK FAILED' "$log" | cut -c1-400 | sed 's/^/   /'
+  if [ "$rc" -ne 0 ]; then
+    failed=$((failed + 1)); echo "   FAILED (exit $rc)"; tail -n 30 "$log" | sed 's/^/   | /'
+    echo "FAIL $name exit=$rc" >> "$SUMMARY"
   else
-    TMP_PY="$(mktemp -d)"
-    {
-      "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP_PY/site" "$WHEEL" \
-        || "$PY" -m zipfile -e "$WHEEL" "$TMP_PY/site"
-    } > "$LOG" 2>&1
-    PYTHONPATH="$TMP_PY/site${PYTHONPATH:+:$PYTHONPATH}" timeout 540 "$PY" "$COST_PY" >> "$LOG" 2>&1; rc=$?
-    grep -E '^\{|SKIPPED:|CHECK FAILED' "$LOG" | sed 's/^/   /'
-    if [ "$rc" -ne 0 ]; then
-      failed=$((failed + 1)); echo "   FAILED (exit $rc)"; tail -n 30 "$LOG" | sed 's/^/   | /'
-      echo "FAIL python_host_cost exit=$rc" >> "$SUMMARY"
-    else
-      echo "ok   python_host_cost" >> "$SUMMARY"
-    fi
-    rm -rf "$TMP_PY"
+    echo "ok   $name" >> "$SUMMARY"
   fi
+  rm -rf "$tmp"
+}
+
+# The GPU checks (JSON lines; exit 1 on a failed check): ordering and lifetime per
+# route; torch_function on CUDA (float64 gradcheck, None gradients, strides,
+# misaligned views); handoff.ordered consumed by cuda.core.
+py_step python_handoff python_gpu_h200.py 300
+py_step python_gpu_training python_gpu_training.py 200
+py_step python_cuda_core cuda_core_consumer.py 60
+# The host cost of each crossing both ways (256x256 f32, median of 10,000 calls in
+# turns, two rounds); where the JAX layer's dispatch time goes; a host-bound step
+# under cProfile.
+py_step python_host_cost python_host_cost.py 300
+py_step python_dispatch_cost dispatch_cost.py 120
+py_step python_profile_step profile_step.py 120 --steps 1500
+# Training through a JAX layer: pure PyTorch, jax2torch, torch-jax-interop,
+# handoff.torch_function and the JAX layer alone, an MLP and an attention block.
+py_step train_three_way train_three_way.py 540
+
+PREV="$(ls "$HERE"/prev/handoff-*.whl 2>/dev/null | head -n 1)"
+if [ -n "$PREV" ] && { [ -z "${ONLY:-}" ] || [[ "train_three_way_ab" == *"$ONLY"* ]]; }; then
+  echo "== train_three_way_ab (${PREV#"$HERE"/} against this bundle's wheel)"
+  LOG="$LOGS/train_three_way_ab.log"
+  rm -f "$LOGS"/train_three_way_ab_*.log
+  TMP_PY="$(mktemp -d)"
+  { install "$TMP_PY/new" "$WHEEL"; install "$TMP_PY/prev" "$PREV"; } > "$LOG" 2>&1
+  ab_failed=""
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for which in prev new; do
+      L="$LOGS/train_three_way_ab_${which}_$round.log"
+      PYTHONPATH="$TMP_PY/$which${PYTHONPATH:+:$PYTHONPATH}" timeout 150 "$PY" "$HERE/train_three_way.py" \
+        --label "$which" --bound gpu --variants torch handoff --trials 0 --warmup 3 --steps 10 --reps 3 \
+        > "$L" 2>&1 || ab_failed="$ab_failed $which-$round=$?"
+      grep -E '"figure": "env"|CHECK FAILED|SKIPPED:' "$L" | cut -c1-400 | sed "s/^/   $which $round: /"
+    done
+  done
+  timeout 60 "$PY" "$HERE/train_three_way.py" --ab "$LOGS"/train_three_way_ab_*.log --ab-base prev >> "$LOG" 2>&1; rc=$?
+  grep -E '^\{|^\||^ab:' "$LOG" | sed 's/^/   /'
+  if [ -n "$ab_failed" ] || [ "$rc" -ne 0 ]; then
+    failed=$((failed + 1)); echo "   FAILED (runs:${ab_failed:- ok}; report exit $rc)"
+    echo "FAIL train_three_way_ab runs:${ab_failed:- ok} report=$rc" >> "$SUMMARY"
+  else
+    echo "ok   train_three_way_ab" >> "$SUMMARY"
+  fi
+  rm -rf "$TMP_PY"
 fi
 "#;
 
