@@ -78,6 +78,9 @@ pub const PACKAGES: &[Package] = &[
             // The isolated loader's cost per load with the CUDA plugin, beside an
             // in-process load.
             Kind::Example("isolation_cost", &[&["5"]]),
+            // One PJRT execution captured into a CUDA graph and replayed (the spike of
+            // the mixed-step graph): where the capture stands, or the exact error.
+            Kind::Example("graph_spike", &[&["--replays", "1000"]]),
         ],
         features: &["cuda"],
         needs_setup: true,

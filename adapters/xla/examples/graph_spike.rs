@@ -1,0 +1,243 @@
+//! Spike: one PJRT execution captured into a CUDA graph begun on a stream of the
+//! caller's (as a PyTorch stream would be), replayed many times, the values checked.
+//! GPU only (`--features cuda`, JAX's CUDA plugin); prints `SKIPPED: reason` elsewhere.
+//!
+//! The step, captured on stream `S` in relaxed mode (PJRT's and handoff's own threads
+//! make CUDA calls of their own while the capture runs):
+//! 1. the input, a device buffer written on `S`, is handed to XLA: handoff orders XLA's
+//!    ready stream after `S` (an event recorded on `S`, waited on by the ready stream:
+//!    the fork, which joins that stream to the capture), and PJRT views it with that
+//!    stream, so its compute stream waits there too;
+//! 2. the program runs (`Kernel::call`, the output an XLA buffer);
+//! 3. the output is made ready on `S` (the stream extension's wait on the buffer's
+//!    definition event: the join).
+//!
+//! Then: the graph replayed `--replays` times with a new input written before each
+//! (outside the graph, into the same buffer), the output read back every so often and
+//! compared with the same math on the host; the host time of a replay beside an eager
+//! call. Every step prints what it did or the exact error, so that one run on the GPU
+//! machine says where the capture stands. The output buffer (its address is in the
+//! graph) and the input stay alive as long as the graph.
+//!
+//! `XLA_FLAGS=--xla_gpu_enable_command_buffer=` is set before the plugin loads (PJRT's
+//! own command buffers would nest a capture in ours) unless `--keep-command-buffers`.
+//!
+//! ```text
+//! graph_spike [--replays 1000] [--keep-command-buffers] [--mode relaxed|thread_local|global]
+//! ```
+
+#[cfg(feature = "cuda")]
+mod spike {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+    use handoff_runtime::dtype::DataType;
+    use handoff_runtime::{Device, Export, Handoff, Ready, Release, Stream, TensorDesc, stats};
+    use handoff_xla::{Buffer, Client, ClientOptions, CompileOptions, Kernel, Plugin, Program};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    const N: usize = 1024;
+
+    fn gelu_scale(x: f32) -> f32 {
+        let inner = 0.797_884_6 * (x + 0.044715 * x * x * x);
+        x * 0.5 * (1.0 + inner.tanh()) * 1.1
+    }
+
+    /// The handoff stream of a cudarc stream, keeping it alive.
+    fn hstream(s: &Arc<CudaStream>) -> Stream {
+        // SAFETY: a stream of the primary context, kept alive by the owner attached.
+        unsafe { handoff_runtime::cuda::stream(0, s.cu_stream() as u64) }.unwrap().with_owner(s.clone())
+    }
+
+    /// `x` as a hand-off on `s` (the caller keeps `x` alive: the keep-alive is nothing).
+    fn handoff_of(x: &CudaSlice<f32>, s: &Arc<CudaStream>) -> handoff_runtime::Result<Handoff> {
+        let ptr = {
+            let (p, _guard) = x.device_ptr(s);
+            p
+        };
+        Handoff::with_keep_alive(
+            (),
+            move |_| Ok(TensorDesc::new(ptr as *mut _, Device::Cuda(0), DataType::F32, &[N as i64][..])),
+            &hstream(s),
+            Ready::Elided,
+            Release::AfterConsumer,
+        )
+    }
+
+    /// One step: `x` through the kernel, the output made ready on `s`; the output buffer
+    /// (kept by the caller) and the device address of its data.
+    fn step(
+        client: &Client,
+        kernel: &Kernel,
+        x: &CudaSlice<f32>,
+        s: &Arc<CudaStream>,
+    ) -> Result<(Buffer, u64), String> {
+        let input = client
+            .import(handoff_of(x, s).map_err(|e| format!("hand-off of the input: {e}"))?)
+            .map_err(|e| format!("XLA's view of the input (PJRT_Client_CreateViewOfDeviceBuffer): {e}"))?;
+        let [y]: [Buffer; 1] = kernel
+            .call([&input])
+            .map_err(|e| format!("Kernel::call (PJRT_LoadedExecutable_Execute): {e}"))?;
+        let out = y
+            .clone()
+            .export(&hstream(s))
+            .map_err(|e| format!("the output made ready on S (wait_until_buffer_ready_on_stream): {e}"))?;
+        let address = out.data_ptr() as u64;
+        drop(out);
+        Ok((y, address))
+    }
+
+    pub fn main() -> i32 {
+        let args: Vec<String> = std::env::args().collect();
+        let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+        let replays: usize = flag("--replays").and_then(|v| v.parse().ok()).unwrap_or(1000);
+        let mode = match flag("--mode").as_deref() {
+            None | Some("relaxed") => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            Some("thread_local") => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            Some("global") => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            Some(m) => {
+                eprintln!("--mode {m}: relaxed, thread_local or global");
+                return 2;
+            }
+        };
+        if !args.iter().any(|a| a == "--keep-command-buffers") {
+            // SAFETY: no other thread runs yet (the plugin is not loaded).
+            unsafe { std::env::set_var("XLA_FLAGS", "--xla_gpu_enable_command_buffer=") };
+        }
+        if !handoff_runtime::cuda::is_available() {
+            println!("SKIPPED: no CUDA driver or device");
+            return 0;
+        }
+        let plugin =
+            match std::env::var_os("HANDOFF_PJRT_CUDA_PLUGIN").map_or_else(Plugin::cuda, Plugin::load) {
+                Ok(p) if p.is_gpu() => p,
+                Ok(p) => {
+                    println!("SKIPPED: {} is not a GPU plugin", p.path().display());
+                    return 0;
+                }
+                Err(e) => {
+                    println!("SKIPPED: {e}");
+                    return 0;
+                }
+            };
+        println!(
+            "spike: XLA_FLAGS={:?}, capture mode {mode:?}, {replays} replays",
+            std::env::var("XLA_FLAGS").ok()
+        );
+        let client = Client::new(plugin, &ClientOptions::default()).expect("CUDA client");
+        let program = Program::text(include_str!("../programs/gelu_scale_f32_1024.mlir"));
+        let kernel = Kernel::compile(&client, program, &CompileOptions::default()).expect("compile");
+        let ctx = CudaContext::new(0).expect("CUDA context");
+        let s = ctx.new_stream().expect("stream S");
+        let input =
+            |i: usize| -> Vec<f32> { (0..N).map(|j| ((j + 7 * i) % 97) as f32 / 24.0 - 2.0).collect() };
+        let mut x: CudaSlice<f32> = s.clone_htod(&input(0)).expect("input");
+
+        // Eager, twice: compiles, autotunes and grows PJRT's allocator outside the capture.
+        for _ in 0..2 {
+            if let Err(e) = step(&client, &kernel, &x, &s) {
+                println!("RESULT: the eager step failed: {e}");
+                return 1;
+            }
+        }
+        s.synchronize().expect("sync");
+        let eager_us = {
+            let t = Instant::now();
+            for _ in 0..100 {
+                let _ = step(&client, &kernel, &x, &s);
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / 100.0;
+            s.synchronize().expect("sync");
+            us
+        };
+
+        // The capture.
+        let before = stats::stats();
+        if let Err(e) = s.begin_capture(mode) {
+            println!("RESULT: cuStreamBeginCapture failed: {e:?}");
+            return 1;
+        }
+        let captured = step(&client, &kernel, &x, &s);
+        let status = s.capture_status();
+        let graph = s.end_capture(CUgraphInstantiate_flags(0));
+        let ((y_buffer, out_address), graph) = match (captured, graph) {
+            (Ok(c), Ok(Some(g))) => {
+                println!(
+                    "spike: captured (status during capture {status:?}); {}",
+                    stats::stats().since(&before)
+                );
+                (c, g)
+            }
+            (Err(e), g) => {
+                println!(
+                    "RESULT: the step failed while capturing: {e}; capture status {status:?}; end of capture: {:?}",
+                    g.err()
+                );
+                return 1;
+            }
+            (Ok(_), Ok(None)) => {
+                println!("RESULT: the capture ended with no graph (status during capture {status:?})");
+                return 1;
+            }
+            (Ok(_), Err(e)) => {
+                println!(
+                    "RESULT: cuStreamEndCapture/cuGraphInstantiate failed: {e:?} (status during capture {status:?})"
+                );
+                return 1;
+            }
+        };
+
+        // Replays: a new input before each, outside the graph; the output read back.
+        let mut right = 0;
+        let mut checked = 0;
+        let mut replay_us = Vec::new();
+        for i in 1..=replays {
+            let host = input(i);
+            s.memcpy_htod(&host, &mut x).expect("new input");
+            let t = Instant::now();
+            if let Err(e) = graph.launch() {
+                println!("RESULT: replay {i}: cuGraphLaunch failed: {e:?}");
+                return 1;
+            }
+            replay_us.push(t.elapsed().as_secs_f64() * 1e6);
+            if i % 50 == 0 || i == replays {
+                let mut got = vec![0f32; N];
+                // SAFETY: `out_address` is the output buffer's data (N f32), alive with `y_buffer`.
+                let r = unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(&mut got, out_address, s.cu_stream())
+                };
+                r.expect("read the output");
+                s.synchronize().expect("sync");
+                checked += 1;
+                let ok = got
+                    .iter()
+                    .zip(&host)
+                    .all(|(g, &v)| (g - gelu_scale(v)).abs() <= 1e-5 * (1.0 + gelu_scale(v).abs()));
+                if ok {
+                    right += 1;
+                } else if checked - right <= 3 {
+                    println!(
+                        "spike: replay {i}: wrong output (first: {} for {})",
+                        got[0],
+                        gelu_scale(host[0])
+                    );
+                }
+            }
+        }
+        replay_us.sort_by(f64::total_cmp);
+        println!(
+            "RESULT: capture works: {right}/{checked} checked replays right of {replays}; host time per replay \
+             {:.1} us (median), eager step {eager_us:.1} us; the output buffer {:?} kept alive for the graph",
+            replay_us[replay_us.len() / 2],
+            y_buffer.shape()
+        );
+        if right == checked { 0 } else { 1 }
+    }
+}
+
+fn main() {
+    #[cfg(feature = "cuda")]
+    std::process::exit(spike::main());
+    #[cfg(not(feature = "cuda"))]
+    println!("SKIPPED: built without the `cuda` feature");
+}
