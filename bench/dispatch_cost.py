@@ -45,14 +45,9 @@ def main():
     tdt = torch.float32 if args.dtype == "f32" else torch.bfloat16
     batch, dim = (int(v) for v in args.size.split("x"))
 
-    def layer(h, gamma, beta, w2):
-        hf = h.astype(jnp.float32)
-        mu = hf.mean(-1, keepdims=True)
-        var = ((hf - mu) ** 2).mean(-1, keepdims=True)
-        z = (hf - mu) * jax.lax.rsqrt(var + 1e-5) * gamma.astype(jnp.float32) + beta.astype(jnp.float32)
-        return jax.nn.gelu(z, approximate=True).astype(h.dtype) @ w2
+    from profile_step import layer_jax  # beside this script, in bench/ and in the GPU bundle
 
-    fwd = jax.jit(lambda *a: jax.vjp(layer, *a))
+    fwd = jax.jit(lambda *a: jax.vjp(layer_jax, *a))
     bwd = jax.jit(lambda vjp, ct: vjp(ct))
     shapes = [(batch, dim), (dim,), (dim,), (dim, dim)]
 

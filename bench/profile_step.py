@@ -19,6 +19,18 @@ import sys
 import time
 
 
+def layer_jax(h, gamma, beta, w2):
+    """The MLP's JAX layer (train_three_way.py's): layer norm + gelu + matmul."""
+    import jax
+    import jax.numpy as jnp
+
+    hf = h.astype(jnp.float32)
+    mu = hf.mean(-1, keepdims=True)
+    var = ((hf - mu) ** 2).mean(-1, keepdims=True)
+    z = (hf - mu) * jax.lax.rsqrt(var + 1e-5) * gamma.astype(jnp.float32) + beta.astype(jnp.float32)
+    return jax.nn.gelu(z, approximate=True).astype(h.dtype) @ w2
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -40,13 +52,6 @@ def main():
     dev = args.device
     tdt = torch.float32 if args.dtype == "f32" else torch.bfloat16
     batch, dim = (int(v) for v in args.size.split("x"))
-
-    def layer_jax(h, gamma, beta, w2):
-        hf = h.astype(jnp.float32)
-        mu = hf.mean(-1, keepdims=True)
-        var = ((hf - mu) ** 2).mean(-1, keepdims=True)
-        z = (hf - mu) * jax.lax.rsqrt(var + 1e-5) * gamma.astype(jnp.float32) + beta.astype(jnp.float32)
-        return jax.nn.gelu(z, approximate=True).astype(h.dtype) @ w2
 
     def layer_torch(h, gamma, beta, w2):
         hf = h.float()
