@@ -147,7 +147,7 @@ pub(crate) fn check(client: &Client, bytes: &[u8], name: &str, options: &LoadOpt
     CHILDREN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let verdict = run_child(&plugin, device, bytes, *time_limit, *memory_limit, checker.as_deref())?;
     if let Ok(mut v) = verdicts().lock() {
-        v.insert(key.clone(), verdict.clone());
+        v.insert(key, verdict.clone());
     }
     verdict.map_err(|outcome| refused(name, outcome))
 }
