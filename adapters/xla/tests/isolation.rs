@@ -159,3 +159,38 @@ fn the_memory_limit_applies_to_the_child() {
     let k = Kernel::load_bytes(&c, bytes, &LoadOptions::default());
     assert!(k.is_ok(), "{k:?}");
 }
+
+/// `handoff-check`, as someone who received files runs it: what each file is, whether it
+/// compiles (isolated), exit status 0 only when every file did.
+#[test]
+fn handoff_check_describes_each_file_and_says_whether_it_compiles() {
+    let _turn = turn();
+    let Some(_) = common::client() else { return };
+    let check = |files: &[&Path]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_handoff-check")).args(files).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let sound = programs().join("block_f32_8x16_cpu_vjp.jaxexport");
+    let (code, text) = check(&[&sound]);
+    assert_eq!(code, Some(0), "{text}");
+    for line in [
+        "jax.export artifact of block",
+        "platforms: cpu",
+        "inputs: (f32[8, 16], f32[16, 16])",
+        "VJP: serialized",
+        "module: StableHLO_v",
+        "compiles on cpu",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
+    let damaged = damaged();
+    let dir = std::env::temp_dir().join(format!("handoff-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("empty.jaxexport");
+    std::fs::write(&empty, b"").unwrap();
+    let (code, text) = check(&[&sound, &damaged[0], &empty]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("does not compile") && text.contains("killed by signal"), "{text}");
+    assert!(text.contains("empty file"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
