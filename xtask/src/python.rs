@@ -266,7 +266,7 @@ fn pypi_wheel(root: &Path, python: &Path, requirement: &str, prefix: &str) -> Re
 /// shown, its log in `$LOGS/<name>.log`, a non-zero exit a failed step. `ONLY=<name>`
 /// runs the steps whose name contains it. Then, only where the bundle holds a previous
 /// handoff wheel (`prev/handoff-*.whl`), the A/B of the two wheels at the GPU-bound
-/// sizes: the training script's light run (pure PyTorch and handoff, 3 × 10 steps) with
+/// sizes (step `wheel_ab`): the training script's light run (pure PyTorch and handoff, 3 × 10 steps) with
 /// each wheel in turns, `AB_ROUNDS` times (default 2), then its `--ab` report.
 pub const RUN_STEP: &str = r#"
 PY="${PYTHON:-python3}"
@@ -323,29 +323,29 @@ py_step python_profile_step profile_step.py 120 --steps 1500
 py_step train_three_way train_three_way.py 540
 
 PREV="$(ls "$HERE"/prev/handoff-*.whl 2>/dev/null | head -n 1)"
-if [ -n "$PREV" ] && { [ -z "${ONLY:-}" ] || [[ "train_three_way_ab" == *"$ONLY"* ]]; }; then
-  echo "== train_three_way_ab (${PREV#"$HERE"/} against this bundle's wheel)"
-  LOG="$LOGS/train_three_way_ab.log"
-  rm -f "$LOGS"/train_three_way_ab_*.log
+if [ -n "$PREV" ] && { [ -z "${ONLY:-}" ] || [[ "wheel_ab" == *"$ONLY"* ]]; }; then
+  echo "== wheel_ab (${PREV#"$HERE"/} against this bundle's wheel)"
+  LOG="$LOGS/wheel_ab.log"
+  rm -f "$LOGS"/wheel_ab_*.log
   TMP_PY="$(mktemp -d)"
   { install "$TMP_PY/new" "$WHEEL"; install "$TMP_PY/prev" "$PREV"; } > "$LOG" 2>&1
   ab_failed=""
   for round in $(seq 1 "${AB_ROUNDS:-2}"); do
     for which in prev new; do
-      L="$LOGS/train_three_way_ab_${which}_$round.log"
+      L="$LOGS/wheel_ab_${which}_$round.log"
       PYTHONPATH="$TMP_PY/$which${PYTHONPATH:+:$PYTHONPATH}" timeout 150 "$PY" "$HERE/train_three_way.py" \
         --label "$which" --bound gpu --variants torch handoff --trials 0 --warmup 3 --steps 10 --reps 3 \
         > "$L" 2>&1 || ab_failed="$ab_failed $which-$round=$?"
       grep -E '"figure": "env"|CHECK FAILED|SKIPPED:' "$L" | cut -c1-400 | sed "s/^/   $which $round: /"
     done
   done
-  timeout 60 "$PY" "$HERE/train_three_way.py" --ab "$LOGS"/train_three_way_ab_*.log --ab-base prev >> "$LOG" 2>&1; rc=$?
+  timeout 60 "$PY" "$HERE/train_three_way.py" --ab "$LOGS"/wheel_ab_*.log --ab-base prev >> "$LOG" 2>&1; rc=$?
   grep -E '^\{|^\||^ab:' "$LOG" | sed 's/^/   /'
   if [ -n "$ab_failed" ] || [ "$rc" -ne 0 ]; then
     failed=$((failed + 1)); echo "   FAILED (runs:${ab_failed:- ok}; report exit $rc)"
-    echo "FAIL train_three_way_ab runs:${ab_failed:- ok} report=$rc" >> "$SUMMARY"
+    echo "FAIL wheel_ab runs:${ab_failed:- ok} report=$rc" >> "$SUMMARY"
   else
-    echo "ok   train_three_way_ab" >> "$SUMMARY"
+    echo "ok   wheel_ab" >> "$SUMMARY"
   fi
   rm -rf "$TMP_PY"
 fi
