@@ -266,8 +266,9 @@ fn pypi_wheel(root: &Path, python: &Path, requirement: &str, prefix: &str) -> Re
 /// shown, its log in `$LOGS/<name>.log`, a non-zero exit a failed step. `ONLY=<name>`
 /// runs the steps whose name contains it. Then, only where the bundle holds a previous
 /// handoff wheel (`prev/handoff-*.whl`), the A/B of the two wheels at the GPU-bound
-/// sizes (step `wheel_ab`): the training script's light run (pure PyTorch and handoff, 3 × 10 steps) with
-/// each wheel in turns, `AB_ROUNDS` times (default 2), then its `--ab` report.
+/// sizes (step `wheel_ab`): the training script's light run (pure PyTorch and handoff,
+/// 3 × 10 steps) with each wheel in turns, `AB_ROUNDS` times (default 2), then its
+/// `--ab` report.
 pub const RUN_STEP: &str = r#"
 PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
