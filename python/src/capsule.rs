@@ -41,6 +41,25 @@ pub enum Taken {
 /// `used_dltensor[_versioned]`, so that its destructor leaves the tensor alone.
 /// Anything but an unconsumed DLPack capsule is refused, and left untouched.
 pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
+    let (versioned, pointer) = unconsumed(capsule)?;
+    let used = if versioned { USED_DLTENSOR_VERSIONED } else { USED_DLTENSOR };
+    // SAFETY: `capsule` is a capsule; `used` is a static string, as a capsule's name must
+    // outlive it. From here on the tensor is ours: its capsule will not delete it.
+    if unsafe { ffi::PyCapsule_SetName(capsule.as_ptr(), used.as_ptr()) } != 0 {
+        return Err(
+            PyErr::take(capsule.py()).unwrap_or_else(|| PyBufferError::new_err("cannot rename the capsule"))
+        );
+    }
+    Ok(if versioned {
+        Taken::Versioned(MainThreadProxy::wrap(pointer.cast::<DLManagedTensorVersioned>()))
+    } else {
+        Taken::Legacy(MainThreadProxy::wrap(pointer.cast::<DLManagedTensor>()))
+    })
+}
+
+/// The managed tensor in an unconsumed DLPack capsule, and whether the capsule is
+/// versioned; the capsule is left as it is. Anything else is refused, saying what it is.
+fn unconsumed(capsule: &Bound<'_, PyAny>) -> PyResult<(bool, *mut c_void)> {
     let py = capsule.py();
     let raw = capsule.as_ptr();
     // SAFETY: `raw` is a live object, borrowed from `capsule` for this call.
@@ -78,17 +97,7 @@ pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
             PyErr::take(py).unwrap_or_else(|| PyBufferError::new_err("the producer's capsule is empty"))
         );
     }
-    let used = if versioned { USED_DLTENSOR_VERSIONED } else { USED_DLTENSOR };
-    // SAFETY: `raw` is a capsule; `used` is a static string, as a capsule's name must
-    // outlive it. From here on the tensor is ours: its capsule will not delete it.
-    if unsafe { ffi::PyCapsule_SetName(raw, used.as_ptr()) } != 0 {
-        return Err(PyErr::take(py).unwrap_or_else(|| PyBufferError::new_err("cannot rename the capsule")));
-    }
-    Ok(if versioned {
-        Taken::Versioned(MainThreadProxy::wrap(pointer.cast::<DLManagedTensorVersioned>()))
-    } else {
-        Taken::Legacy(MainThreadProxy::wrap(pointer.cast::<DLManagedTensor>()))
-    })
+    Ok((versioned, pointer))
 }
 
 /// The address of the first element, when `capsule` is an unconsumed DLPack capsule
@@ -98,32 +107,7 @@ pub fn take(capsule: &Bound<'_, PyAny>) -> PyResult<Taken> {
 /// needs no ordering, and handoff's own importers, which read typed memory, are not
 /// involved. Anything else is `None`, and taken in (or refused) as usual.
 pub fn passed_on(capsule: &Bound<'_, PyAny>, access: Access) -> Option<usize> {
-    let raw = capsule.as_ptr();
-    // SAFETY: `raw` is a live object, borrowed from `capsule` for this call; a capsule's
-    // name is NUL-terminated and lives as long as the capsule keeps it.
-    let versioned = unsafe {
-        if ffi::PyCapsule_CheckExact(raw) == 0 {
-            return None;
-        }
-        let name = ffi::PyCapsule_GetName(raw);
-        if name.is_null() {
-            ffi::PyErr_Clear();
-            return None;
-        }
-        match CStr::from_ptr(name) {
-            n if n == DLTENSOR_VERSIONED => true,
-            n if n == DLTENSOR => false,
-            _ => return None,
-        }
-    };
-    let name = if versioned { DLTENSOR_VERSIONED } else { DLTENSOR };
-    // SAFETY: a capsule with exactly this name (checked above).
-    let pointer = unsafe { ffi::PyCapsule_GetPointer(raw, name.as_ptr()) };
-    if pointer.is_null() {
-        // SAFETY: clears the error `PyCapsule_GetPointer` set.
-        unsafe { ffi::PyErr_Clear() };
-        return None;
-    }
+    let (versioned, pointer) = unconsumed(capsule).ok()?;
     // SAFETY: the producer's live managed tensor of the ABI its capsule's name says
     // (its version checked before the rest of its layout is read).
     let (t, version, flags) = unsafe {

@@ -54,13 +54,6 @@ fn main() -> Result<(), XlaError> {
     let started = Instant::now();
     // A mutation can make the plugin loop: ten seconds is far above any of these compiles.
     let options = LoadOptions::default().time_limit(std::time::Duration::from_secs(10));
-    if std::env::var_os("SWEEP_SANITY").is_some() {
-        let bytes = std::fs::read(programs.join(ARTIFACTS[0])).expect("a committed artifact");
-        println!(
-            "{:?}",
-            Kernel::load_bytes(&client, bytes, &LoadOptions::default()).map(|k| k.name().to_owned())
-        );
-    }
     for name in ARTIFACTS {
         let bytes = std::fs::read(programs.join(name)).expect("a committed artifact");
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ name.len() as u64 | 1);

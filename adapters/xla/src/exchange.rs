@@ -44,11 +44,47 @@ pub const CPU_ALIGNMENT: usize = 64;
 /// by the caller first.
 pub const GPU_ALIGNMENT: usize = 16;
 
-/// Why XLA on `client` cannot read memory at `address` in place: the alignment it
-/// needs there, when `address` misses it.
-pub(crate) fn misalignment(client: &Client, address: usize) -> Option<usize> {
-    let align = if client.is_gpu() { GPU_ALIGNMENT } else { CPU_ALIGNMENT };
-    (!address.is_multiple_of(align)).then_some(align)
+/// Memory XLA on a client cannot read in place: its address and the alignment needed.
+pub(crate) struct Misaligned {
+    address: usize,
+    align: usize,
+    gpu: bool,
+}
+
+impl Misaligned {
+    /// `Some` when XLA on `client` cannot read memory at `address` in place and no copy
+    /// is allowed (`allow_copy` copies host memory only: on CUDA the caller copies).
+    pub(crate) fn refused(client: &Client, address: usize, allow_copy: bool) -> Option<Misaligned> {
+        let gpu = client.is_gpu();
+        let align = if gpu { GPU_ALIGNMENT } else { CPU_ALIGNMENT };
+        (!address.is_multiple_of(align) && (gpu || !allow_copy)).then_some(Misaligned { address, align, gpu })
+    }
+
+    /// Where the address is.
+    pub(crate) fn got(&self) -> String {
+        format!(
+            "{:#x} ({} bytes past a {}-byte boundary)",
+            self.address,
+            self.address % self.align,
+            self.align
+        )
+    }
+
+    /// What XLA takes instead.
+    pub(crate) fn needed(&self) -> String {
+        if self.gpu {
+            format!(
+                "{}-byte aligned memory on CUDA (XLA's executables read no other; copy the tensor first)",
+                self.align
+            )
+        } else {
+            format!(
+                "{}-byte aligned host memory (XLA's CPU client views no other), or a copy: ViewOptions::allow_copy(), \
+                 CallOptions::allow_copy()",
+                self.align
+            )
+        }
+    }
 }
 
 /// Options of [`Client::import_with`].
@@ -280,18 +316,10 @@ pub(crate) fn prepare(client: &Client, handoff: Handoff, options: ViewOptions) -
         stream,
         copied,
     };
+    if let Some(m) = Misaligned::refused(client, data as usize, options.allow_copy) {
+        return Err(XlaError::invalid("hand-off data pointer", m.got(), format!("XLA takes {}", m.needed())));
+    }
     if client.is_gpu() {
-        if let Some(align) = misalignment(client, data as usize) {
-            return Err(XlaError::invalid(
-                "hand-off data pointer",
-                format!("{data:p}"),
-                format!(
-                    "XLA's CUDA executables read buffers at {align}-byte aligned addresses only (this one \
-                     is {} bytes past a boundary); copy the tensor first",
-                    data as usize % align
-                ),
-            ));
-        }
         // The client is held for the whole import: no handle of the stream is made.
         let ready = cached_ready_stream(client, device)?;
         // The producer made the data ready on the hand-off's consumer stream: order
@@ -306,22 +334,10 @@ pub(crate) fn prepare(client: &Client, handoff: Handoff, options: ViewOptions) -
         return Ok(Viewable::Handoff(ViewOf { memory, keep_alive: handoff }));
     }
     // Host memory for the CPU client: no device work to order (stream 0 on CPU).
-    let misaligned = !(data as usize).is_multiple_of(CPU_ALIGNMENT);
-    if !misaligned {
+    if (data as usize).is_multiple_of(CPU_ALIGNMENT) {
         return Ok(Viewable::Handoff(ViewOf { memory: memory(data, 0, false), keep_alive: handoff }));
     }
-    if !options.allow_copy {
-        return Err(XlaError::invalid(
-            "hand-off data pointer",
-            format!("{data:p}"),
-            format!(
-                "XLA's CPU client views host memory only when it is {CPU_ALIGNMENT}-byte aligned \
-                 (this address is {} bytes past a boundary); align the allocation, or import with \
-                 ViewOptions::allow_copy() to copy it",
-                data as usize % CPU_ALIGNMENT
-            ),
-        ));
-    }
+    // Not viewable, and a copy allowed (else refused above).
     let copy = Aligned::copy_of(data, handoff.num_bytes())?;
     drop(handoff);
     // `copy` owns `num_bytes` aligned bytes holding the array.

@@ -7,7 +7,7 @@ use super::{CallOptions, Kernel};
 use crate::buffer::{Buffer, RawBuffer};
 use crate::client::XlaDevice;
 use crate::error::{Result, XlaError};
-use crate::exchange::{self, ViewOptions, Viewable};
+use crate::exchange::{self, Misaligned, ViewOptions, Viewable};
 use crate::executable::check_spec;
 use crate::few::Few;
 use crate::sys;
@@ -86,11 +86,9 @@ impl Inputs<'_> {
         if let Some(p) = param {
             check_spec(name, index, p, handoff.dtype(), handoff.shape())?;
         }
-        let address = handoff.data_ptr() as usize;
-        if let Some(align) = exchange::misalignment(&k.client, address)
-            && (k.client.is_gpu() || !self.options.allow_copy)
+        if let Some(m) = Misaligned::refused(&k.client, handoff.data_ptr() as usize, self.options.allow_copy)
         {
-            return Err(misaligned(name, index, address, align, k.client.is_gpu()));
+            return Err(misaligned(name, index, &m));
         }
         if handoff.is_read_only() {
             self.read_only.push(self.buffers.len() as i64);
@@ -111,21 +109,13 @@ impl Inputs<'_> {
 /// unless the call allows a copy.
 #[cold]
 #[inline(never)]
-fn misaligned(program: &str, index: usize, address: usize, align: usize, gpu: bool) -> XlaError {
+fn misaligned(program: &str, index: usize, m: &Misaligned) -> XlaError {
     XlaError::InputMismatch {
         program: program.to_string(),
         index,
         what: "data address",
-        expected: if gpu {
-            format!(
-                "{align}-byte aligned memory on CUDA (XLA's executables read no other; copy the tensor first)"
-            )
-        } else {
-            format!(
-                "{align}-byte aligned host memory (XLA's CPU client views no other), or CallOptions::allow_copy()"
-            )
-        },
-        got: format!("{address:#x} ({} bytes past a boundary)", address % align),
+        expected: m.needed(),
+        got: m.got(),
     }
 }
 
