@@ -295,12 +295,19 @@ fn cargo_artifacts(
         }
         let Some(exe) = msg.get("executable").and_then(json::Value::as_str) else { continue };
         let target = msg.get("target");
+        // A package's programs (`[[bin]]`), which cargo builds for its integration tests,
+        // are not tests: only test harnesses, benches and examples go into the bundle.
+        let is_test = msg.get("profile").and_then(|p| p.get("test")).and_then(json::Value::as_bool);
         let name = target.and_then(|t| t.get("name")).and_then(json::Value::as_str).unwrap_or("?");
         let kinds: Vec<&str> = target
             .and_then(|t| t.get("kind"))
             .and_then(json::Value::as_array)
             .map(|a| a.iter().filter_map(json::Value::as_str).collect())
             .unwrap_or_default();
+        let is_program = kinds == ["bin"] && is_test == Some(false);
+        if is_program {
+            continue;
+        }
         found.push(Artifact {
             executable: PathBuf::from(exe),
             target: name.to_string(),
@@ -462,7 +469,7 @@ mod json {
     /// A JSON value.
     pub enum Value {
         Null,
-        Bool(#[allow(dead_code)] bool),
+        Bool(bool),
         Num(#[allow(dead_code)] f64),
         Str(String),
         Arr(Vec<Value>),
@@ -479,6 +486,12 @@ mod json {
         pub fn as_str(&self) -> Option<&str> {
             match self {
                 Value::Str(s) => Some(s),
+                _ => None,
+            }
+        }
+        pub fn as_bool(&self) -> Option<bool> {
+            match self {
+                Value::Bool(b) => Some(*b),
                 _ => None,
             }
         }

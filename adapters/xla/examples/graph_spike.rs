@@ -84,7 +84,25 @@ mod spike {
             .map_err(|e| format!("the output made ready on S (wait_until_buffer_ready_on_stream): {e}"))?;
         let address = out.data_ptr() as u64;
         drop(out);
+        // The join of XLA's ready stream, which the input's hand-off forked into S's
+        // capture (its wait on S): S waits on what it did since.
+        let ready = client
+            .device(0)
+            .and_then(|d| client.ready_stream(&d))
+            .map_err(|e| format!("XLA's ready stream: {e}"))?;
+        ready
+            .record()
+            .and_then(|e| hstream(s).wait(&e))
+            .map_err(|e| format!("the join of XLA's ready stream into S: {e}"))?;
         Ok((y, address))
+    }
+
+    /// Whether `raw` is capturing, in words (for the spike's report).
+    fn capturing(raw: u64) -> String {
+        let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `raw` is a live stream of the primary context; `status` is a valid out-pointer.
+        let r = unsafe { cudarc::driver::sys::cuStreamIsCapturing(raw as _, &mut status) };
+        format!("{status:?} ({r:?})")
     }
 
     pub fn main() -> i32 {
@@ -128,6 +146,10 @@ mod spike {
         let program = Program::text(include_str!("../programs/gelu_scale_f32_1024.mlir"));
         let kernel = Kernel::compile(&client, program, &CompileOptions::default()).expect("compile");
         let ctx = CudaContext::new(0).expect("CUDA context");
+        // No per-slice events: `device_ptr` inside the capture would make S wait on the
+        // input's write event, recorded outside it (CUDA_ERROR_STREAM_CAPTURE_ISOLATION).
+        // SAFETY: every use of the slices below is on the one stream S.
+        unsafe { ctx.disable_event_tracking() };
         let s = ctx.new_stream().expect("stream S");
         let input =
             |i: usize| -> Vec<f32> { (0..N).map(|j| ((j + 7 * i) % 97) as f32 / 24.0 - 2.0).collect() };
@@ -159,6 +181,9 @@ mod spike {
         }
         let captured = step(&client, &kernel, &x, &s);
         let status = s.capture_status();
+        if let Ok(ready) = client.device(0).and_then(|d| client.ready_stream(&d)) {
+            println!("spike: in the capture, XLA's ready stream is {}", capturing(ready.raw()));
+        }
         let graph = s.end_capture(CUgraphInstantiate_flags(0));
         let ((y_buffer, out_address), graph) = match (captured, graph) {
             (Ok(c), Ok(Some(g))) => {
