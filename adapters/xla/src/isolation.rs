@@ -26,11 +26,16 @@
 //! No core file is written.
 //!
 //! Verdicts are kept for the life of the process, keyed by the bytes, the plugin (path
-//! and platform version) and the device, so a file is checked once per plugin.
+//! and platform version), the device and the limits, so a file is checked once per
+//! plugin in a process. Passes are also kept on disk when the caller names a directory
+//! ([`LoadOptions::verdict_cache`], [`VERDICT_CACHE_ENV`]): then a file is checked once
+//! per plugin on the machine (the `disk` module says what a kept pass holds).
 
 use crate::client::Client;
 use crate::error::{Result, XlaError};
 use crate::executable::CompileOptions;
+
+mod disk;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::io::{Read, Write};
@@ -44,6 +49,9 @@ pub const CHILD_ENV: &str = "HANDOFF_XLA_ISOLATED_CHILD";
 /// An executable that links handoff-xla, run as the child instead of the calling program
 /// (which must then be something else, such as a Python interpreter).
 pub const CHECKER_ENV: &str = "HANDOFF_XLA_CHECKER";
+/// A directory where passes are kept for later processes, when
+/// [`LoadOptions::verdict_cache`] names none (unset or empty: none kept).
+pub const VERDICT_CACHE_ENV: &str = "HANDOFF_XLA_VERDICT_CACHE";
 /// The plugin the child loads.
 const PLUGIN_VAR: &str = "HANDOFF_XLA_ISOLATED_PLUGIN";
 /// The child's first line on standard output.
@@ -102,6 +110,23 @@ impl LoadOptions {
         }
         self
     }
+
+    /// Keeps passes in `dir` for the processes that come after (created when missing):
+    /// a file that passed there is not checked again with the same plugin, device and
+    /// limits. Worth it where a process starts often: a CUDA child costs about a second
+    /// for a small module, six for an artifact and its VJP (BENCHMARKS.md).
+    ///
+    /// ```
+    /// let dir = std::env::temp_dir().join("handoff-verdicts");
+    /// let o = handoff_xla::LoadOptions::default().verdict_cache(&dir);
+    /// assert!(matches!(o.isolation, handoff_xla::Isolation::Child { verdict_cache: Some(_), .. }));
+    /// ```
+    pub fn verdict_cache(mut self, dir: impl Into<PathBuf>) -> Self {
+        if let Isolation::Child { verdict_cache, .. } = &mut self.isolation {
+            *verdict_cache = Some(dir.into());
+        }
+        self
+    }
 }
 
 /// Where untrusted bytes are checked before this process compiles them.
@@ -116,6 +141,9 @@ pub enum Isolation {
         /// The program run as the child (default: [`CHECKER_ENV`] when set, else this
         /// program). It must link handoff-xla (the `handoff-check` binary does).
         checker: Option<PathBuf>,
+        /// Where passes are kept for later processes (default: [`VERDICT_CACHE_ENV`]
+        /// when set, else nowhere).
+        verdict_cache: Option<PathBuf>,
     },
     /// Compiled in this process only: a plugin defect reached by the bytes can end it.
     InProcess,
@@ -123,7 +151,12 @@ pub enum Isolation {
 
 impl Default for Isolation {
     fn default() -> Isolation {
-        Isolation::Child { time_limit: Duration::from_secs(120), memory_limit: 8 << 30, checker: None }
+        Isolation::Child {
+            time_limit: Duration::from_secs(120),
+            memory_limit: 8 << 30,
+            checker: None,
+            verdict_cache: None,
+        }
     }
 }
 
@@ -131,7 +164,9 @@ impl Default for Isolation {
 /// errors) in a child process with `client`'s plugin, as `options` say. `Ok` when the
 /// child compiled them (and an artifact's VJP); an error naming `name` otherwise.
 pub(crate) fn check(client: &Client, bytes: &[u8], name: &str, options: &LoadOptions) -> Result<()> {
-    let Isolation::Child { time_limit, memory_limit, checker } = &options.isolation else { return Ok(()) };
+    let Isolation::Child { time_limit, memory_limit, checker, verdict_cache } = &options.isolation else {
+        return Ok(());
+    };
     // Keeps the hook (and with it the child) in every program that reaches this.
     std::hint::black_box(&CHILD_HOOK);
     let plugin = client.plugin().path().to_path_buf();
@@ -146,9 +181,31 @@ pub(crate) fn check(client: &Client, bytes: &[u8], name: &str, options: &LoadOpt
     if let Some(verdict) = verdicts().lock().ok().and_then(|v| v.get(&key).cloned()) {
         return verdict.map_err(|outcome| refused(name, outcome));
     }
-    CHILDREN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let verdict =
-        run_child(&plugin, client.is_gpu(), device, bytes, *time_limit, *memory_limit, checker.as_deref())?;
+    let kept = verdict_cache
+        .clone()
+        .or_else(|| std::env::var_os(VERDICT_CACHE_ENV).filter(|d| !d.is_empty()).map(PathBuf::from))
+        .and_then(|dir| {
+            let header = disk::header(&plugin, client.platform_version(), device, key.limits, bytes)?;
+            Some((dir, header))
+        });
+    let verdict = if kept.as_ref().is_some_and(|(dir, header)| disk::passed(dir, header, bytes)) {
+        Ok(())
+    } else {
+        CHILDREN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let verdict = run_child(
+            &plugin,
+            client.is_gpu(),
+            device,
+            bytes,
+            *time_limit,
+            *memory_limit,
+            checker.as_deref(),
+        )?;
+        if let (Ok(()), Some((dir, header))) = (&verdict, &kept) {
+            disk::keep_pass(dir, header, bytes);
+        }
+        verdict
+    };
     if let Ok(mut v) = verdicts().lock() {
         v.insert(key, verdict.clone());
     }

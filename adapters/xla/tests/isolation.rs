@@ -194,3 +194,36 @@ fn handoff_check_describes_each_file_and_says_whether_it_compiles() {
     assert!(text.contains("empty file"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_pass_kept_on_disk_spares_later_processes_the_child_and_only_for_the_same_bytes() {
+    let _turn = turn();
+    let Some(_) = common::client() else { return };
+    let cache = std::env::temp_dir().join(format!("handoff-verdicts-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    // Each run of handoff-check is a later process for the one before it.
+    let check = |file: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_handoff-check"))
+            .arg(file)
+            .env("HANDOFF_XLA_VERDICT_CACHE", &cache)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let sound = programs().join("block_f32_8x16_cpu_vjp.jaxexport");
+    assert!(check(&sound).contains("isolated: checked in a child process"));
+    let kept: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(kept.len(), 1, "one pass kept: {kept:?}");
+    assert!(check(&sound).contains("isolated: passed the check before (verdict kept)"));
+    // The same artifact with one more byte is other bytes: checked again.
+    let grown = cache.join("grown.jaxexport");
+    std::fs::write(&grown, [std::fs::read(&sound).unwrap(), vec![0]].concat()).unwrap();
+    assert!(check(&grown).contains("isolated: checked in a child process"));
+    // A kept pass whose bytes were changed on disk is no pass.
+    let mut bytes = std::fs::read(&kept[0]).unwrap();
+    *bytes.last_mut().unwrap() ^= 0x5a;
+    std::fs::write(&kept[0], bytes).unwrap();
+    assert!(check(&sound).contains("isolated: checked in a child process"));
+    let _ = std::fs::remove_dir_all(&cache);
+}

@@ -7,8 +7,9 @@
 //! ```text
 //! handoff-check [--plugin <PJRT plugin .so>] [--time-limit <seconds>] <file>...
 //! ```
-//! The plugin defaults to `HANDOFF_PJRT_PLUGIN`. Also the child program a non-Rust
-//! host names in `HANDOFF_XLA_CHECKER` (it links handoff-xla).
+//! The plugin defaults to `HANDOFF_PJRT_PLUGIN`. With `HANDOFF_XLA_VERDICT_CACHE` set to
+//! a directory, a file that passed there before is not checked again. Also the child
+//! program a non-Rust host names in `HANDOFF_XLA_CHECKER` (it links handoff-xla).
 
 use handoff_xla::{Client, ClientOptions, Kernel, LoadOptions, Plugin, Source};
 use std::path::PathBuf;
@@ -100,9 +101,19 @@ fn main() -> ExitCode {
                 continue;
             }
         }
+        let children = handoff_xla::isolation::children_run();
         match Kernel::load_with(&client, file, &options) {
             Ok(_) => {
-                println!("  compiles on {} ({}), isolated: yes", client.platform(), client.platform_version())
+                let how = if handoff_xla::isolation::children_run() > children {
+                    "checked in a child process"
+                } else {
+                    "passed the check before (verdict kept)"
+                };
+                println!(
+                    "  compiles on {} ({}), isolated: {how}",
+                    client.platform(),
+                    client.platform_version()
+                )
             }
             Err(e) => {
                 println!("  does not compile: {e}");
