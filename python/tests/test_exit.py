@@ -1,4 +1,4 @@
-"""Interpreter exit (issue 31): a hand-off whose consumer lets go while the interpreter
+"""Interpreter exit: a hand-off whose consumer lets go while the interpreter
 is finalizing (a module global, dropped when the modules are torn down, after every
 ``atexit`` hook ran) gives its producer's deleter exactly once, on the main thread,
 with the GIL; a release still pending on a stream that never completes is leaked on

@@ -5,7 +5,7 @@
 //! laid out and checked, the tensor imported; across streams, an event from the
 //! thread's spares recorded and waited on, and the release queued behind another;
 //! and the same two with the drop left out of the timing, as `handoff-cuda`'s GPU
-//! benchmark times the hand-off one at a time against issue 15's targets),
+//! benchmark times the hand-off one at a time against the project's host-cost targets),
 //! mock same-stream and cross-stream round trips (record + wait + deferred release
 //! included), and validation of a foreign DLPack tensor. `cargo bench -p
 //! handoff-runtime`.

@@ -4,12 +4,12 @@
 use crate::device::Device;
 use crate::dtype::DataType;
 use crate::error::{Result, ValidationError};
-use crate::managed::{self, Head, Parts};
+use crate::managed::{self, Head};
 use crate::ordered::{Ready, StreamOrdered};
 use crate::reaper;
 use crate::stats::{self, Counter};
 use crate::stream::Stream;
-use crate::validate::{self, Access};
+use crate::validate::{self, Access, Parts};
 use dlpark::DlpackFlags;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use dlpark::{Managed, ManagedTensorBase};

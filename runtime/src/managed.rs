@@ -6,7 +6,7 @@
 use crate::error::{Error, Result, ValidationError};
 use crate::reaper;
 use crate::stream::Stream;
-use crate::validate::{self, MAX_NDIM};
+use crate::validate::{self, MAX_NDIM, Parts};
 use dlpark::allocation::dynamic::Allocation;
 use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
 use dlpark::{DlpackFlags, Managed, OpaqueContext};
@@ -117,20 +117,6 @@ unsafe impl<K: Send + 'static> OpaqueContext for InPlace<K> {
             unsafe { std::ptr::drop_in_place(raw.cast::<Owner<K>>()) }
         }
     }
-}
-
-/// What a hand-off's DLPack tensor says of its memory.
-pub(crate) struct Parts<'a> {
-    pub data: *mut c_void,
-    pub device: DLDevice,
-    pub dtype: DLDataType,
-    pub shape: &'a [i64],
-    /// `None`, or strides that are compact, for compact memory: it then carries
-    /// canonical compact strides (size-1 dimensions' strides rewritten), so that
-    /// consumers comparing strides exactly accept it.
-    pub strides: Option<&'a [i64]>,
-    pub byte_offset: u64,
-    pub flags: DlpackFlags,
 }
 
 /// A managed tensor's allocation with its shape and strides written and room for an

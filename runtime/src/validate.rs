@@ -6,13 +6,28 @@
 use crate::device::Device;
 use crate::dtype::{self, DataType};
 use crate::error::ValidationError;
-use crate::managed::Parts;
 use dlpark::DlpackFlags;
-use dlpark::ffi::{DLDevice, DLPackVersion, DLTensor};
+use dlpark::ffi::{DLDataType, DLDevice, DLPackVersion, DLTensor};
 use dlpark::tensor::Error as DlparkError;
+use std::ffi::c_void;
 
 /// The most dimensions a hand-off may have.
 pub const MAX_NDIM: i32 = 64;
+
+/// What a hand-off's DLPack tensor says of its memory: what [`check_parts`] checks and
+/// `managed` lays out.
+pub(crate) struct Parts<'a> {
+    pub data: *mut c_void,
+    pub device: DLDevice,
+    pub dtype: DLDataType,
+    pub shape: &'a [i64],
+    /// `None`, or strides that are compact, for compact memory: it then carries
+    /// canonical compact strides (size-1 dimensions' strides rewritten), so that
+    /// consumers comparing strides exactly accept it.
+    pub strides: Option<&'a [i64]>,
+    pub byte_offset: u64,
+    pub flags: DlpackFlags,
+}
 
 /// Whether an importer means to write through the tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,4 +1,4 @@
-//! Leaks and counts over 10,000 mixed hand-offs (issue 8): every foreign deleter
+//! Leaks and counts over 10,000 mixed hand-offs: every foreign deleter
 //! and every keep-alive runs exactly once, the reaper drains, and the mock device's
 //! event pools stay bounded.
 //!

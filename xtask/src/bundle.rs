@@ -347,14 +347,14 @@ export HANDOFF_REQUIRE_GPU="${{HANDOFF_REQUIRE_GPU:-1}}"
     )
 }
 
-/// The lines of a bundle script that print issue 15's tables and targets
+/// The lines of a bundle script that print the host-cost tables and their targets
 /// (`bench/summarize.py`, from the working tree carried beside the bundle) from the
 /// logs `files` (shell words), and keep them in `into`. A report only: it never fails
 /// the script.
 pub(crate) fn tables_step(files: &str, into: &str) -> String {
     format!(
         r#"
-# Issue 15's tables and targets, from these logs.
+# The host-cost tables and their targets, from these logs.
 SUMMARIZE="$HERE/../bench/summarize.py"
 TPY="${{PYTHON:-python3}}"
 if [ -z "${{PYTHON:-}}" ] && [ -x /opt/torch/.venv/bin/python3 ]; then TPY=/opt/torch/.venv/bin/python3; fi

@@ -6,6 +6,8 @@
 //!   the workspace and of `fuzz/` (its own workspace: the fuzz targets' kept inputs run
 //!   through `fuzz/tests/regressions.rs`)
 //! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
+//! - `doctor` setup, then `handoff doctor` built with every adapter: what is registered and
+//!   what was found of libtorch, PJRT and CUDA on this machine
 //! - `miri`   the runtime's unit tests under Miri, with both borrow models (needs a nightly
 //!   toolchain with the `miri` component; not part of `test`)
 //! - `gpu-bundle`  build the GPU tests and benchmarks into `gpu-bundle/` with a `run.sh` (see bundle.rs);
@@ -33,10 +35,11 @@ fn main() -> ExitCode {
         }),
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root, &args[1..]),
+        Some("doctor") => doctor(&root),
         Some("miri") => miri(&root),
         Some("gpu-bundle") => bundle::gpu_bundle(&root, &args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <setup|env|test|demo|miri|gpu-bundle> [args]");
+            eprintln!("usage: cargo xtask <setup|env|test|demo|doctor|miri|gpu-bundle> [args]");
             return ExitCode::from(2);
         }
     };
@@ -147,6 +150,16 @@ fn miri(root: &Path) -> Result<(), String> {
     }
     println!("xtask: the runtime's unit tests passed under Miri (both borrow models)");
     Ok(())
+}
+
+/// `handoff doctor` with every adapter built in, in the environment `env` prints.
+fn doctor(root: &Path) -> Result<(), String> {
+    let env = deps::setup(root)?;
+    cargo(
+        root,
+        &env,
+        &["run", "--release", "--bin", "handoff", "--features", "torch,xla,cuda", "--", "doctor"],
+    )
 }
 
 fn demo(root: &Path, extra: &[String]) -> Result<(), String> {

@@ -1,4 +1,4 @@
-//! Host cost of a hand-off on a real GPU (issue 3's benchmark; not a timed test).
+//! Host cost of a hand-off on a real GPU (a benchmark, not a timed test).
 //!
 //! Median (and p10/p90) of 10,000 after 1,000 warm-up, in nanoseconds of host time:
 //! - `raw pair`: `cuEventRecord` + `cuStreamWaitEvent` through the driver, the floor;

@@ -1,4 +1,4 @@
-//! GPU tests of issue 3: stream-ordered exchange on a real device, proved never to
+//! GPU tests: stream-ordered exchange on a real device, proved never to
 //! block the host. Each prints `SKIPPED: <reason>` and returns when no CUDA device is
 //! present (and fails instead under `HANDOFF_REQUIRE_GPU=1`, as the GPU bundle runs
 //! them). Run with `--test-threads=1 --nocapture` to see the figures.

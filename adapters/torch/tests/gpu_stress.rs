@@ -1,4 +1,4 @@
-//! GPU stress (issue 8): 10,000 hand-offs across PyTorch, XLA (JAX's CUDA PJRT plugin)
+//! GPU stress: 10,000 hand-offs across PyTorch, XLA (JAX's CUDA PJRT plugin)
 //! and cudarc buffers, from 8 threads at once, with random streams, random sizes
 //! (allocator churn) and random drop order (producer first, consumer first, both
 //! while kernels are still queued). Every value is checked, the run has a deadline
