@@ -7,16 +7,15 @@
 //! thread drops the reference; elsewhere, and once the interpreter is gone, the
 //! reference is leaked instead.
 
+use crate::lifecycle::LIFECYCLE;
 use crate::main_thread;
 use handoff_runtime::reaper;
 use pyo3::prelude::*;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
-
-/// Whether [`shutdown`] has run: the interpreter is exiting.
+/// Whether [`shutdown`] has run: the interpreter is exiting
+/// ([`Lifecycle::is_shutting_down`](crate::lifecycle::Lifecycle::is_shutting_down)).
 pub fn shutting_down() -> bool {
-    SHUTTING_DOWN.load(Ordering::Acquire)
+    LIFECYCLE.is_shutting_down()
 }
 
 /// Called by `atexit` (registered by `handoff/__init__.py`) while the interpreter is
@@ -30,8 +29,8 @@ pub fn shutting_down() -> bool {
 /// runs there, on the finalizing thread, while the producer's objects still exist.
 #[pyfunction(name = "_shutdown")]
 pub fn shutdown(py: Python<'_>) {
-    SHUTTING_DOWN.store(true, Ordering::Release);
-    main_thread::close();
+    LIFECYCLE.begin_shutdown();
+    LIFECYCLE.close();
     py.detach(|| main_thread::deferring(|| reaper::drain(reaper::EXIT_DRAIN_TIMEOUT)));
     main_thread::run_queued(py);
 }
@@ -49,7 +48,7 @@ impl PyKeepAlive {
 impl Drop for PyKeepAlive {
     fn drop(&mut self) {
         let Some(obj) = self.0.take() else { return };
-        if shutting_down() && !main_thread::on_main_thread() {
+        if shutting_down() && !LIFECYCLE.on_main_thread() {
             // The interpreter is exiting: another thread that takes the GIL now may be
             // ended inside `PyGILState_Ensure` by the finalizing one. Leaked.
             std::mem::forget(obj);

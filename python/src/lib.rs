@@ -16,6 +16,7 @@
 //! - [`keep_alive`]: Python objects kept alive by a hand-off, and shutdown.
 //! - [`stats`], [`flush`]: the runtime's counters and its reaper's flush.
 //! - [`main_thread`]: producers' deleters, run on the interpreter's main thread.
+//! - [`lifecycle`]: the interpreter's lifecycle (main thread, shutdown, closed, gone).
 //!
 //! The runtime releases on any thread (its reaper's, mostly); a Python producer's
 //! deleter is queued for the main thread (see [`main_thread`] for why the GIL is not
@@ -28,6 +29,7 @@ mod crossing;
 mod errors;
 mod jax_api;
 mod keep_alive;
+mod lifecycle;
 mod main_thread;
 mod mock;
 mod ordered;

@@ -27,35 +27,27 @@
 //! once, as CPython runs any other destructor then ([`with_gil`]). After the interpreter
 //! is gone (a `Py_AtExit` callback says so) no deleter runs any more: the tensor is
 //! kept, and each one left is reported on stderr, as is each job still queued then.
+//!
+//! Which thread is the main one, and how far the exit has gone, is
+//! [`lifecycle`](crate::lifecycle)'s state; this module keeps only its own work: the
+//! queue of deleters, its pending call, and the per-thread [`deferring`] mark.
 
+use crate::lifecycle::LIFECYCLE;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::cell::Cell;
-use std::ffi::{c_int, c_ulong, c_void};
+use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A deleter to run with the GIL held.
 pub type Job = Box<dyn FnOnce() + Send>;
 
-/// The main thread's identifier (`PyThread_get_thread_ident`), set at import.
-static MAIN: AtomicU64 = AtomicU64::new(0);
 /// Deleters waiting for the main thread.
 static QUEUE: Mutex<Vec<Job>> = Mutex::new(Vec::new());
 /// Whether a pending call to [`run_pending`] is scheduled and has not started yet.
 static SCHEDULED: AtomicBool = AtomicBool::new(false);
-/// Set once the interpreter is exiting: no pending call is scheduled any more (they
-/// would never run); whoever drains runs the queue. A mutex, not a flag: a pending
-/// call is added under it, so none is added once [`close`] returned (a thread that read
-/// "open" just before could otherwise add one after the interpreter was freed).
-static CLOSED: Mutex<bool> = Mutex::new(false);
-/// Set by a `Py_AtExit` callback, at the very end of `Py_FinalizeEx`: the interpreter
-/// is gone, nothing may take the GIL or touch a Python object any more.
-static GONE: AtomicBool = AtomicBool::new(false);
-/// Whether that callback was registered (CPython has room for 32): without it the end
-/// of the interpreter cannot be told, and no deleter runs during finalization.
-static WATCHED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Set while this thread runs a flush or drain of the reaper (see [`deferring`]).
@@ -78,23 +70,23 @@ pub fn deferring<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Records which thread is the main one (`threading.main_thread()`, whichever thread
-/// imports the module).
+/// imports the module), and watches for the end of the interpreter.
 pub fn init(py: Python<'_>) -> PyResult<()> {
     let ident: u64 = py.import("threading")?.call_method0("main_thread")?.getattr("ident")?.extract()?;
-    MAIN.store(ident, Ordering::Relaxed);
-    if !WATCHED.load(Ordering::Acquire) {
+    LIFECYCLE.set_main_thread(ident);
+    LIFECYCLE.watch(|| {
         // SAFETY: registers a plain function, called once by `Py_FinalizeEx` after the
         // interpreter is deleted; the GIL is held (`py`).
-        let registered = unsafe { ffi::Py_AtExit(Some(interpreter_gone)) } == 0;
-        WATCHED.store(registered, Ordering::Release);
-    }
+        unsafe { ffi::Py_AtExit(Some(interpreter_gone)) == 0 }
+    });
     Ok(())
 }
 
-/// Called by `Py_FinalizeEx` once the interpreter is deleted (the last thing it does).
+/// Called by `Py_FinalizeEx` once the interpreter is deleted (the last thing it does):
+/// marks the interpreter gone and reports the jobs still queued.
 extern "C" fn interpreter_gone() {
     let r = catch_unwind(|| {
-        GONE.store(true, Ordering::Release);
+        LIFECYCLE.mark_gone();
         let left = QUEUE.lock().unwrap_or_else(|e| e.into_inner()).len();
         if left > 0 {
             report(&format!(
@@ -108,19 +100,12 @@ extern "C" fn interpreter_gone() {
     }
 }
 
-/// Whether the calling thread is the interpreter's main thread.
-pub fn on_main_thread() -> bool {
-    // SAFETY: returns the calling thread's identifier; needs no GIL.
-    let me: c_ulong = unsafe { ffi::PyThread_get_thread_ident() };
-    me as u64 == MAIN.load(Ordering::Relaxed)
-}
-
 /// Runs `job` with the GIL on the main thread: now when called there (inside
 /// [`deferring`]: at its caller's [`run_queued`]), else at the main thread's next
 /// bytecode boundary (or the next [`run_queued`]). Any thread, with
 /// or without the GIL; it never waits for the GIL while it holds the queue's lock.
 pub fn run_on_main(job: Job) {
-    if on_main_thread() {
+    if LIFECYCLE.on_main_thread() {
         if DEFERRING.get() {
             QUEUE.lock().unwrap_or_else(|e| e.into_inner()).push(job); // run_queued soon, here
         } else {
@@ -132,17 +117,16 @@ pub fn run_on_main(job: Job) {
     if SCHEDULED.swap(true, Ordering::AcqRel) {
         return; // a pending call that has not started yet will run this job too
     }
-    // Never waits for the GIL under this lock: `close` takes it with the GIL held.
-    let closed = CLOSED.lock().unwrap_or_else(|e| e.into_inner());
-    let failed = *closed || {
+    // Under the lifecycle's lock, which never waits for the GIL: `close` takes it with
+    // the GIL held. Closed: `None`.
+    let added = LIFECYCLE.if_open(|| {
         // SAFETY: CPython's pending-call queue takes a plain function and argument
         // from any thread, without the GIL; the interpreter is still whole: `close`
         // (its atexit hook, before finalization) has not run, and cannot while this
         // lock is held.
-        unsafe { ffi::Py_AddPendingCall(Some(run_pending), std::ptr::null_mut()) != 0 }
-    };
-    drop(closed);
-    if failed {
+        unsafe { ffi::Py_AddPendingCall(Some(run_pending), std::ptr::null_mut()) == 0 }
+    });
+    if added != Some(true) {
         // Closed (the exit path runs the queue), or CPython's queue is full (the next
         // job, flush() or exit runs this one).
         SCHEDULED.store(false, Ordering::Release);
@@ -160,19 +144,13 @@ pub fn run_queued(_py: Python<'_>) -> usize {
     n
 }
 
-/// No pending call is scheduled from now on: the interpreter is exiting and would
-/// not run it. Jobs queued later are run by the exit path's [`run_queued`].
-pub fn close() {
-    *CLOSED.lock().unwrap_or_else(|e| e.into_inner()) = true;
-}
-
 /// Runs what is queued when called on the main thread while the interpreter exits
 /// (`capsule::release` after the exit drain): during finalization too, where this
 /// thread holds the GIL ([`with_gil`]). On another thread it leaves the queue to the
 /// main thread's next release (or reports it at the end, see [`interpreter_gone`]): a
 /// producer's deleter runs on the main thread only.
 pub fn run_queued_exiting() {
-    if !on_main_thread() {
+    if !LIFECYCLE.on_main_thread() {
         return;
     }
     let jobs = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|e| e.into_inner()));
@@ -220,7 +198,7 @@ fn run_attached(job: Job) {
 /// another thread then (CPython would end it inside `PyGILState_Ensure`), and never
 /// once the interpreter is gone ([`interpreter_gone`]) or where that cannot be told.
 pub fn with_gil<R>(f: impl FnOnce() -> R) -> Option<R> {
-    if GONE.load(Ordering::Acquire) {
+    if LIFECYCLE.is_gone() {
         return None;
     }
     let mut f = Some(f);
@@ -228,7 +206,7 @@ pub fn with_gil<R>(f: impl FnOnce() -> R) -> Option<R> {
         return r;
     }
     let f = f.take()?;
-    if !WATCHED.load(Ordering::Acquire) || !on_main_thread() || GONE.load(Ordering::Acquire) {
+    if !LIFECYCLE.may_attach_while_finalizing() {
         return None;
     }
     struct Release(ffi::PyGILState_STATE);
