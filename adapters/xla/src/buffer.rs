@@ -455,6 +455,19 @@ pub(crate) fn platform_index_buffer(client: &Client, device: &XlaDevice, index: 
     Ok(buffer)
 }
 
+impl Client {
+    /// Copies a host array to a new buffer on `device` (waits for the copy to be
+    /// done with `data`: a counted host sync).
+    pub fn buffer_from_host<T: Element + Copy>(
+        &self,
+        device: &XlaDevice,
+        data: &[T],
+        shape: &[i64],
+    ) -> Result<Buffer> {
+        from_host(self, device, data, shape)
+    }
+}
+
 /// [`Client::buffer_from_host`]: copies a host array to a new buffer on `device`
 /// (waits for the copy to be done with `data`: a counted host sync).
 pub(crate) fn from_host<T: Element + Copy>(

@@ -1,16 +1,12 @@
-//! Clients and devices. Every method of [`Client`] is here; where the work belongs
-//! to another module (buffers, compilation, the exchange), the method calls it there.
+//! Clients and devices. The methods of [`Client`] whose work belongs to another
+//! module (buffers, compilation, the exchange) are in that module's `impl Client`
+//! block, as in cudarc: this module imports none of them.
 
-use crate::buffer::{self, Buffer};
 use crate::error::{Result, XlaError};
-use crate::exchange::{self, ViewOptions};
-use crate::executable::{self, CompileOptions, Executable, Program};
 use crate::options::{ClientOptions, named_value};
 use crate::plugin::Plugin;
 use crate::result::{self, Api};
 use crate::sys;
-use handoff_runtime::dtype::Element;
-use handoff_runtime::{Handoff, Stream};
 use std::sync::Arc;
 
 pub(crate) struct ClientInner {
@@ -180,7 +176,7 @@ impl Client {
         Ok(XlaDevice { client: self.inner.clone(), index: self.checked_index(index)? })
     }
 
-    fn checked_index(&self, index: usize) -> Result<usize> {
+    pub(crate) fn checked_index(&self, index: usize) -> Result<usize> {
         if index >= self.inner.devices.len() {
             return Err(XlaError::invalid(
                 "device index",
@@ -196,7 +192,7 @@ impl Client {
         Ok(XlaDevice { client: self.inner.clone(), index: self.index_of_ordinal(ordinal)? })
     }
 
-    fn index_of_ordinal(&self, ordinal: u32) -> Result<usize> {
+    pub(crate) fn index_of_ordinal(&self, ordinal: u32) -> Result<usize> {
         self.inner.devices.iter().position(|d| d.hardware_id == ordinal as i32).ok_or_else(|| {
             XlaError::invalid(
                 "device ordinal",
@@ -204,95 +200,6 @@ impl Client {
                 format!("the {} client has no such device", self.platform()),
             )
         })
-    }
-
-    /// The index of the device a hand-off of `memory` is viewed on: `index` when
-    /// given, else the device `memory` names (device 0 for host memory).
-    pub(crate) fn device_index_for(
-        &self,
-        memory: handoff_runtime::Device,
-        index: Option<usize>,
-    ) -> Result<usize> {
-        let i = match (memory, index) {
-            (_, Some(i)) => self.checked_index(i)?,
-            (handoff_runtime::Device::Host, None) => self.checked_index(0)?,
-            (handoff_runtime::Device::Cuda(n), None) => self.index_of_ordinal(n)?,
-            (other, None) => {
-                return Err(XlaError::invalid(
-                    "hand-off device",
-                    other,
-                    "XLA takes host and CUDA memory only",
-                ));
-            }
-        };
-        let want = self.inner.handoff_device(i);
-        if memory != want {
-            return Err(XlaError::from(handoff_runtime::Error::CrossDevice { from: memory, to: want }));
-        }
-        Ok(i)
-    }
-
-    /// Copies a host array to a new buffer on `device` (waits for the copy to be
-    /// done with `data`: a counted host sync).
-    pub fn buffer_from_host<T: Element + Copy>(
-        &self,
-        device: &XlaDevice,
-        data: &[T],
-        shape: &[i64],
-    ) -> Result<Buffer> {
-        buffer::from_host(self, device, data, shape)
-    }
-
-    /// Compiles a program with default options.
-    ///
-    /// ```no_run
-    /// use handoff_xla::{Client, Program};
-    /// let client = Client::from_env()?;
-    /// let exe = client.compile(&Program::from_file("adapters/xla/programs/row_sum_f32_8x16.mlir")?)?;
-    /// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32; 128], &[8, 16])?;
-    /// let sums = exe.execute(&[&x])?[0].to_vec::<f32>()?;
-    /// assert_eq!(sums, [16.0; 8]);
-    /// # Ok::<(), handoff_xla::XlaError>(())
-    /// ```
-    pub fn compile(&self, program: &Program) -> Result<Executable> {
-        self.compile_with(program, &CompileOptions::default())
-    }
-
-    /// Compiles a program.
-    pub fn compile_with(&self, program: &Program, options: &CompileOptions) -> Result<Executable> {
-        executable::compile(self, program, options)
-    }
-
-    /// The stream a producer must make its data ready on before XLA reads it on
-    /// `device` (CUDA: the stream extension's `get_stream_for_external_ready_events`,
-    /// asked of PJRT once per device). Export a value to this stream to hand it to
-    /// [`Client::import`] with no extra wait. On CPU it is the host stream.
-    pub fn ready_stream(&self, device: &XlaDevice) -> Result<Stream> {
-        exchange::ready_stream(self, device)
-    }
-
-    /// Imports a hand-off as a zero-copy PJRT buffer (see [`exchange`]).
-    ///
-    /// ```no_run
-    /// use handoff_xla::Client;
-    /// use handoff_runtime::{Device, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType};
-    /// #[repr(align(64))]
-    /// struct Block([f32; 16]);
-    /// let client = Client::from_env()?;
-    /// let block = Box::new(Block([1.0; 16]));
-    /// let h = Handoff::with_keep_alive(block, |b| {
-    ///     Ok(TensorDesc::new(b.0.as_ptr() as *mut _, Device::Host, DataType::F32, &[16][..]))
-    /// }, &Stream::host(), Ready::Elided, Release::AfterConsumer)?;
-    /// let x = client.import(h)?; // a view: no copy
-    /// # Ok::<(), handoff_xla::XlaError>(())
-    /// ```
-    pub fn import(&self, handoff: Handoff) -> Result<Buffer> {
-        self.import_with(handoff, ViewOptions::default())
-    }
-
-    /// Imports a hand-off, with options (counted in `stats` as an import).
-    pub fn import_with(&self, handoff: Handoff, options: ViewOptions) -> Result<Buffer> {
-        exchange::import(self, handoff, options)
     }
 }
 

@@ -208,6 +208,68 @@ unsafe extern "C" fn release_handoff(_data: *mut c_void, user_arg: *mut c_void) 
     }));
 }
 
+impl Client {
+    /// The stream a producer must make its data ready on before XLA reads it on
+    /// `device` (CUDA: the stream extension's `get_stream_for_external_ready_events`,
+    /// asked of PJRT once per device). Export a value to this stream to hand it to
+    /// [`Client::import`] with no extra wait. On CPU it is the host stream.
+    pub fn ready_stream(&self, device: &XlaDevice) -> Result<Stream> {
+        ready_stream(self, device)
+    }
+
+    /// Imports a hand-off as a zero-copy PJRT buffer (see [`exchange`]).
+    ///
+    /// [`exchange`]: crate::exchange
+    ///
+    /// ```no_run
+    /// use handoff_xla::Client;
+    /// use handoff_runtime::{Device, Handoff, Ready, Release, Stream, TensorDesc, dtype::DataType};
+    /// #[repr(align(64))]
+    /// struct Block([f32; 16]);
+    /// let client = Client::from_env()?;
+    /// let block = Box::new(Block([1.0; 16]));
+    /// let h = Handoff::with_keep_alive(block, |b| {
+    ///     Ok(TensorDesc::new(b.0.as_ptr() as *mut _, Device::Host, DataType::F32, &[16][..]))
+    /// }, &Stream::host(), Ready::Elided, Release::AfterConsumer)?;
+    /// let x = client.import(h)?; // a view: no copy
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn import(&self, handoff: Handoff) -> Result<Buffer> {
+        self.import_with(handoff, ViewOptions::default())
+    }
+
+    /// Imports a hand-off, with options (counted in `stats` as an import).
+    pub fn import_with(&self, handoff: Handoff, options: ViewOptions) -> Result<Buffer> {
+        import(self, handoff, options)
+    }
+
+    /// The index of the device a hand-off of `memory` is viewed on: `index` when
+    /// given, else the device `memory` names (device 0 for host memory).
+    pub(crate) fn device_index_for(
+        &self,
+        memory: handoff_runtime::Device,
+        index: Option<usize>,
+    ) -> Result<usize> {
+        let i = match (memory, index) {
+            (_, Some(i)) => self.checked_index(i)?,
+            (handoff_runtime::Device::Host, None) => self.checked_index(0)?,
+            (handoff_runtime::Device::Cuda(n), None) => self.index_of_ordinal(n)?,
+            (other, None) => {
+                return Err(XlaError::invalid(
+                    "hand-off device",
+                    other,
+                    "XLA takes host and CUDA memory only",
+                ));
+            }
+        };
+        let want = self.inner.handoff_device(i);
+        if memory != want {
+            return Err(XlaError::from(handoff_runtime::Error::CrossDevice { from: memory, to: want }));
+        }
+        Ok(i)
+    }
+}
+
 /// [`Client::ready_stream`]: the stream XLA reads hand-offs on for `device`, asked of
 /// PJRT once per device and cached in the client.
 pub(crate) fn ready_stream(client: &Client, device: &XlaDevice) -> Result<Stream> {

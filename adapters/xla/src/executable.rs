@@ -174,6 +174,28 @@ impl std::fmt::Debug for Executable {
     }
 }
 
+impl Client {
+    /// Compiles a program with default options.
+    ///
+    /// ```no_run
+    /// use handoff_xla::{Client, Program};
+    /// let client = Client::from_env()?;
+    /// let exe = client.compile(&Program::from_file("adapters/xla/programs/row_sum_f32_8x16.mlir")?)?;
+    /// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32; 128], &[8, 16])?;
+    /// let sums = exe.execute(&[&x])?[0].to_vec::<f32>()?;
+    /// assert_eq!(sums, [16.0; 8]);
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn compile(&self, program: &Program) -> Result<Executable> {
+        self.compile_with(program, &CompileOptions::default())
+    }
+
+    /// Compiles a program.
+    pub fn compile_with(&self, program: &Program, options: &CompileOptions) -> Result<Executable> {
+        compile(self, program, options)
+    }
+}
+
 /// [`Client::compile_with`]: compiles `program` and reads its outputs (and, when the
 /// plugin gives its optimized program, its parameters).
 pub(crate) fn compile(client: &Client, program: &Program, options: &CompileOptions) -> Result<Executable> {

@@ -24,9 +24,10 @@
 //!   own struct;
 //! - `result`: thin wrappers, one PJRT call each, turning a `PJRT_Error` into
 //!   [`XlaError::Pjrt`] (its message and code), destroying the error;
-//! - safe RAII types: [`Plugin`] (loaded once, never unloaded), [`Client`] (every
-//!   method in one place), [`XlaDevice`], [`Executable`], [`Buffer`], [`PjrtEvent`], each
-//!   destroyed exactly once; [`ClientOptions`] and the named values in `options`.
+//! - safe RAII types: [`Plugin`] (loaded once, never unloaded), [`Client`] (each
+//!   method in the module that does its work), [`XlaDevice`], [`Executable`],
+//!   [`Buffer`], [`PjrtEvent`], each destroyed exactly once; [`ClientOptions`] and
+//!   the named values in `options`.
 //!
 //! Exchange: [`Buffer`] is `StreamOrdered` and `Export` like every adapter's type, and
 //! imports into a [`Client`] (`ImportInto<Client>`: `handoff::transfer_into(value,
