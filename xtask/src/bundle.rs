@@ -666,12 +666,12 @@ mod json {
 mod tables_tests {
     use std::process::Command;
 
-    /// `bench/summarize.py`, which run.sh and ab.sh end with, read on logs of an H200
-    /// run whose figures BENCHMARKS.md shows (the eighth round's run 4).
+    /// `bench/summarize.py`, which run.sh and ab.sh end with, read on the logs of the H200
+    /// run whose figures BENCHMARKS.md shows.
     #[test]
     fn summarize_reads_an_h200_runs_logs_into_its_tables_and_verdicts() {
         let root = crate::root();
-        let run = "docs/gpu-runs/2026-12-04-h200-hostcost8-bd31b54-run4";
+        let run = "docs/gpu-runs/2026-12-05-h200-hostcost11-284c25d-run1";
         let logs = ["handoff-examples__pipeline_gpu", "python_pipeline", "handoff-cuda__handoff_cuda"];
         let out = Command::new("python3")
             .current_dir(&root)
@@ -682,15 +682,15 @@ mod tables_tests {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
         for expected in [
-            "| torch -> XLA | 1.21 / 0.87 / 1.55 / 1.50 |",
-            "| kernel call | 3.16 / 1.66 / 2.93 / 2.68 |",
-            "- torch -> XLA <= 1 µs: 1 of 4 cells",
-            "- kernel call <= 2 µs: 1 of 4 cells",
-            "0.0591 (0.699; 1.452x jax.jit)",
-            "0.2319 (0.461; 1.092x jax.jit)",
-            "- 4096² <= 1.1x one `jax.jit`: 1 of 2 steps",
-            "| 806 | 1282 | 1.59 | 360 | 319 |",
-            "- cross-stream <= 1.5x the raw pair (one at a time): 0 of 1 runs",
+            "| torch -> XLA | 0.83 / 0.58 / 1.34 / 0.91 |",
+            "| kernel call | 1.52 / 1.24 / 0.81 / 1.36 |",
+            "- torch -> XLA <= 1 µs: 3 of 4 cells",
+            "- kernel call <= 2 µs: 4 of 4 cells",
+            "0.0547 (0.661; 1.899x jax.jit)",
+            "0.2430 (0.485; 1.074x jax.jit)",
+            "- 4096² <= 1.1x one `jax.jit`: 2 of 2 steps",
+            "| 375 | 560 | 1.49 | 135 | 106 |",
+            "- cross-stream <= 1.5x the raw pair (one at a time): 1 of 1 runs",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
         }
