@@ -3,12 +3,10 @@ which reads a producer's DLPack C exchange API (``__dlpack_c_exchange_api__``) w
 type has one. GPU machine only (cuda.core, torch, JAX on CUDA). JSON lines; exit 1 on a
 wrong value."""
 
-import json
 import sys
 
-
-def emit(**f):
-    print(json.dumps(f), flush=True)
+import harness  # beside this script, in bench/ and in the GPU bundle
+from harness import emit
 
 
 def main():
@@ -16,11 +14,9 @@ def main():
         import torch
         from cuda.core.utils import StridedMemoryView
     except Exception as e:  # noqa: BLE001
-        print(f"SKIPPED: {e}")
-        return 0
+        harness.skip(e, honour_require_gpu=False)
     if not torch.cuda.is_available():
-        print("SKIPPED: no CUDA device")
-        return 0
+        harness.skip("no CUDA device", honour_require_gpu=False)
     import cuda.core
     import jax.numpy as jnp
 
@@ -28,7 +24,7 @@ def main():
 
     ok = True
     api = type(handoff.ordered(torch.ones(1))).__dlpack_c_exchange_api__
-    emit(figure="env", cuda_core=cuda.core.__version__, capsule=repr(api).split(" at ")[0])
+    harness.env(cuda_core=cuda.core, capsule=repr(api).split(" at ")[0])
     s = torch.cuda.Stream()
     for name, make, ptr_of in (
         ("torch", lambda: torch.arange(12.0, device="cuda").reshape(3, 4), lambda x: x.data_ptr()),

@@ -16,18 +16,15 @@ Only the two calls are timed (the arrays are made beforehand, in batches). Media
     python bench/dispatch_cost.py [--device cuda|cpu] [--dtype f32|bf16] [--steps 200] [--inputs ...]
 """
 
-import argparse
-import json
 import statistics
 import time
 
+import harness  # beside this script, in bench/ and in the GPU bundle
+
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
-    ap.add_argument("--size", default="64x256")
-    ap.add_argument("--steps", type=int, default=200)
+    ap = harness.parser()
+    harness.layer_args(ap, steps=200)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--inputs", nargs="+", default=["same", "device_put", "to_jax", "from_dlpack"],
                     choices=("same", "device_put", "to_jax", "from_dlpack"), help="which rows, in this order")
@@ -40,12 +37,9 @@ def main():
 
     import handoff
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("SKIPPED: no CUDA device")
-        return
+    tdt, batch, dim = harness.layer_setup(torch, args)
     dev = args.device
-    tdt = torch.float32 if args.dtype == "f32" else torch.bfloat16
-    batch, dim = (int(v) for v in args.size.split("x"))
+    sync = harness.device_sync(torch, dev == "cuda")
 
     from profile_step import layer_jax  # beside this script, in bench/ and in the GPU bundle
 
@@ -91,18 +85,15 @@ def main():
             else:
                 made = [makers[name](tensors() + [ct_tensor()]) for _ in range(args.steps)]
                 inputs = [(m[:4], m[4]) for m in made]
-            if dev == "cuda":
-                torch.cuda.synchronize()
+            sync()
             us = time_steps(inputs)
             if rep >= 2:
                 per.append(us)
             del inputs
         rows[name] = statistics.median(per)
-        print(json.dumps({"inputs": name, "us_per_step": round(rows[name], 1), "device": dev,
-                          "dtype": args.dtype, "size": args.size}), flush=True)
+        harness.emit(inputs=name, us_per_step=round(rows[name], 1), device=dev, dtype=args.dtype, size=args.size)
     if "same" in rows:
-        print(json.dumps({"summary": {k: round(v / rows["same"], 2) for k, v in rows.items()},
-                          "note": "each row over 'same'"}), flush=True)
+        harness.emit(summary={k: round(v / rows["same"], 2) for k, v in rows.items()}, note="each row over 'same'")
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ timed by hand. JSON lines.
     python bench/profile_step.py [--device cuda|cpu] [--dtype f32|bf16] [--steps 3000]
 """
 
-import argparse
 import cProfile
-import json
 import pstats
 import sys
-import time
+
+import harness  # beside this script, in bench/ and in the GPU bundle
+from harness import emit
 
 
 def layer_jax(h, gamma, beta, w2):
@@ -32,11 +32,8 @@ def layer_jax(h, gamma, beta, w2):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
-    ap.add_argument("--size", default="64x256")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap = harness.parser()
+    harness.layer_args(ap, steps=3000)
     ap.add_argument("--top", type=int, default=20)
     args = ap.parse_args()
 
@@ -46,12 +43,8 @@ def main():
 
     import handoff
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("SKIPPED: no CUDA device")
-        return
+    tdt, batch, dim = harness.layer_setup(torch, args)
     dev = args.device
-    tdt = torch.float32 if args.dtype == "f32" else torch.bfloat16
-    batch, dim = (int(v) for v in args.size.split("x"))
 
     def layer_torch(h, gamma, beta, w2):
         hf = h.float()
@@ -70,7 +63,7 @@ def main():
     ]
     x = torch.randn(batch, dim, device=dev, generator=g).to(tdt)
     tgt = torch.randn(batch, dim, device=dev, generator=g)
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    sync = harness.device_sync(torch, dev == "cuda")
 
     def make_step(layer):
         params = [p.detach().to(tdt, copy=True).requires_grad_() for p in init]
@@ -85,22 +78,12 @@ def main():
 
         return step
 
-    def ms_per_step(step, n):
-        for _ in range(200):
-            step()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            step()
-        sync()
-        return (time.perf_counter() - t0) * 1e3 / n
-
     fn = handoff.torch_function(layer_jax)
     torch_step, handoff_step = make_step(layer_torch), make_step(fn)
     rows = {}
     for _ in range(2):  # in turns, so drift hits both
-        rows.setdefault("torch", []).append(ms_per_step(torch_step, args.steps))
-        rows.setdefault("handoff", []).append(ms_per_step(handoff_step, args.steps))
+        rows.setdefault("torch", []).append(harness.median_ms(torch_step, args.steps, warmup=200, sync=sync))
+        rows.setdefault("handoff", []).append(harness.median_ms(handoff_step, args.steps, warmup=200, sync=sync))
     emit(figure="step", device=dev, dtype=args.dtype, size=args.size, routes=handoff.routes(),
          torch_ms=round(min(rows["torch"]), 4), handoff_ms=round(min(rows["handoff"]), 4),
          ratio=round(min(rows["handoff"]) / min(rows["torch"]), 3))
@@ -124,10 +107,6 @@ def main():
         emit(figure="profile", function=where, calls_per_step=round(ncalls / args.steps, 2),
              own_us_per_step=round(tottime * 1e6 / args.steps, 2),
              cum_us_per_step=round(cumtime * 1e6 / args.steps, 2))
-
-
-def emit(**fields):
-    print(json.dumps(fields), flush=True)
 
 
 if __name__ == "__main__":

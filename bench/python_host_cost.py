@@ -54,12 +54,12 @@ without a usable GPU prints ``SKIPPED: <reason>`` and exits 0 (1 when
 ``HANDOFF_REQUIRE_GPU=1``, as ``gpu-bundle/run.sh`` sets; there ``auto`` requires it too).
 """
 
-import argparse
-import json
 import os
 import statistics
-import sys
 import time
+
+import harness  # beside this script, in bench/ and in the GPU bundle
+from harness import check, emit, skip
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -74,25 +74,6 @@ TARGETS = (
     ("jax->torch", "native_us", "handoff.to_torch(a) native, µs", 4.0),
     ("jax->torch", "added_us", "torch.from_dlpack(handoff.ordered(a)) minus plain, µs", 3.0),
 )
-
-failures = []
-
-
-def emit(**fields):
-    print(json.dumps(fields), flush=True)
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"CHECK FAILED: {what}", flush=True)
-    return ok
-
-
-def skip(reason):
-    print(f"SKIPPED: {reason}", flush=True)
-    sys.exit(1 if os.environ.get("HANDOFF_REQUIRE_GPU") == "1" else 0)
-
 
 def measure(variants, n, batch, warmup):
     """Median µs of ``n`` calls of each variant, taken in turns: name -> (call, cycle).
@@ -144,7 +125,7 @@ def rnd(v, digits=2):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                     help="auto: CUDA when torch, JAX and handoff can use it, else the CPU")
     ap.add_argument("--n", "--calls", dest="n", type=int, default=10_000, help="timed turns per loop")
@@ -154,35 +135,18 @@ def main():
     ap.add_argument("--warmup", type=int, default=300)
     args = ap.parse_args()
 
-    try:
-        import numpy as np
-        import torch
-    except Exception as e:  # noqa: BLE001
-        skip(f"torch does not import ({e})")
-    try:
-        import jax
-        import jax.dlpack
-        import jax.numpy as jnp
-    except Exception as e:  # noqa: BLE001
-        skip(f"jax does not import ({e})")
+    torch, jax, jnp = harness.import_frameworks()
+    import numpy as np
+
     import handoff
     from handoff import _handoff
 
     device, why_not_cuda = args.device, None
     if device in ("auto", "cuda"):
-        if not torch.cuda.is_available():
-            why_not_cuda = "torch sees no CUDA device"
-        else:
-            try:
-                jax.devices("gpu")
-            except Exception as e:  # noqa: BLE001
-                why_not_cuda = f"jax has no GPU backend ({e})"
-            else:
-                if not handoff.cuda_available():
-                    why_not_cuda = "handoff cannot use the CUDA driver"
+        why_not_cuda = harness.why_no_cuda(torch, jax, handoff)
         if why_not_cuda is None:
             device = "cuda"
-        elif device == "cuda" or os.environ.get("HANDOFF_REQUIRE_GPU") == "1":
+        elif device == "cuda" or harness.gpu_required():
             skip(why_not_cuda)
         else:
             device = "cpu"
@@ -224,15 +188,14 @@ def main():
         jax_stream = torch_stream = None  # the CPU device raises UNIMPLEMENTED for a stream
     dl_type = int(t.__dlpack_device__()[0])
 
-    emit(
-        figure="env",
+    harness.env(
         device=device,
         why_not_cuda=why_not_cuda,
-        torch=torch.__version__,
-        jax=jax.__version__,
+        torch=torch,
+        jax=jax,
         jaxlib_extension_version=jaxlib_extension_version,
-        handoff=handoff.__version__,
-        python=sys.version.split()[0],
+        handoff=handoff,
+        python=harness.PYTHON,
         gpu=torch.cuda.get_device_name(0) if cuda else None,
         jax_device=str(jdev),
         jax_stream=jax_stream,
@@ -400,15 +363,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except BaseException as e:  # noqa: BLE001
-        import traceback
-
-        traceback.print_exc()
-        failures.append(f"exception: {e!r}")
-    emit(figure="result", ok=not failures, failures=failures)
-    sys.stdout.flush()
-    sys.exit(1 if failures else 0)
+    harness.run(main)

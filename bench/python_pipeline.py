@@ -22,10 +22,11 @@ jax.jit of the whole step.
 """
 
 import argparse
-import json
 import os
 import statistics
 import time
+
+import harness  # beside this script, in bench/
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -50,18 +51,16 @@ def ln_gelu_torch(h):
     return torch.nn.functional.gelu((hf - mean) * torch.rsqrt(var + EPS), approximate="tanh").to(h.dtype)
 
 
-def timed(step, x, iters, reps, sync):
-    for _ in range(3):
+def timed(step, x, iters, reps, sync=None):
+    """Median ms per iteration of ``x = step(x)`` (``harness.median_ms``, 3 warm-up
+    iterations), each block timed up to ``sync()``, or where ``sync`` is None up to the
+    last ``x`` (a JAX array) being ready."""
+
+    def once():
+        nonlocal x
         x = step(x)
-    sync()
-    per_iter = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            x = step(x)
-        sync()
-        per_iter.append((time.perf_counter() - t0) * 1e3 / iters)
-    return statistics.median(per_iter), x
+
+    return harness.median_ms(once, iters, reps=reps, warmup=3, sync=sync or (lambda: jax.block_until_ready(x)))
 
 
 def torch_gpu_ms(f, iters, reps):
@@ -82,16 +81,13 @@ def torch_gpu_ms(f, iters, reps):
 
 def jax_ms(f, args, calls, reps):
     """Median wall ms per call of the jitted `f`, `calls` calls then one wait."""
-    out = f(*args)
-    jax.block_until_ready(out)
-    per = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = f(*args)
-        jax.block_until_ready(out)
-        per.append((time.perf_counter() - t0) * 1e3 / calls)
-    return statistics.median(per)
+    out = None
+
+    def once():
+        nonlocal out
+        out = f(*args)
+
+    return harness.median_ms(once, calls, reps=reps, warmup=1, sync=lambda: jax.block_until_ready(out))
 
 
 def parts(n, dtype, x0, w, xj, wj, loop, iters, reps):
@@ -160,24 +156,10 @@ def main():
             return x + ln_gelu_jax(x @ wj)
 
         results = {}
-        results["torch"], _ = timed(torch_step, x0.clone(), iters, args.reps, sync)
-        results["interop"], _ = timed(interop_step, x0.clone(), iters, args.reps, sync)
+        results["torch"] = timed(torch_step, x0.clone(), iters, args.reps, sync)
+        results["interop"] = timed(interop_step, x0.clone(), iters, args.reps, sync)
         xj = jnp.asarray(x0.float().cpu().numpy()).astype(wj.dtype)
-
-        def jax_timed():
-            x = xj
-            for _ in range(3):
-                x = jax_step(x)
-            x.block_until_ready()
-            per = []
-            for _ in range(args.reps):
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    x = jax_step(x)
-                x.block_until_ready()
-                per.append((time.perf_counter() - t0) * 1e3 / iters)
-            return statistics.median(per)
-        results["jax"] = jax_timed()
+        results["jax"] = timed(jax_step, xj, iters, args.reps)
 
         # Host cost of each hand-off direction.
         h = x0 @ w
@@ -201,8 +183,8 @@ def main():
             if variant == "interop":
                 out["host_us_torch_to_jax"] = round(statistics.median(to_jax), 2)
                 out["host_us_jax_to_torch"] = round(statistics.median(to_torch), 2)
-            print(json.dumps(out), flush=True)
-        print(json.dumps(part), flush=True)
+            harness.emit(**out)
+        harness.emit(**part)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,6 @@ handoff has it (a note says so when it does not).
     python3 bench/train_three_way.py --ab out/gpu-logs/train_three_way_ab_*.log
 """
 
-import argparse
 import faulthandler
 import json
 import os
@@ -106,6 +105,9 @@ import time
 import traceback
 import types
 import warnings
+
+import harness  # beside this script, in bench/ and in the GPU bundle
+from harness import check, emit, skip
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -127,31 +129,11 @@ DEFAULT_SIZES = {
 }
 SMALL_SIZES = {"mlp": ["32x64"], "attn": ["2x16x32"]}
 
-failures = []
 notes = []
-label = None
-
-
-def emit(**fields):
-    if label is not None:
-        fields = {"label": label, **fields}
-    print(json.dumps(fields), flush=True)
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"CHECK FAILED: {what}", flush=True)
-    return ok
-
-
-def skip(reason):
-    print(f"SKIPPED: {reason}", flush=True)
-    sys.exit(1 if os.environ.get("HANDOFF_REQUIRE_GPU") == "1" else 0)
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     ap.add_argument(
@@ -209,34 +191,21 @@ def parse_args():
 
 
 def main():
-    global label
     args = parse_args()
     if args.ab:
         sys.exit(ab_report(args.ab, args.ab_base))
-    label = args.label
+    harness.lead(label=args.label)
     faulthandler.dump_traceback_later(args.timeout, exit=True)
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001
-        skip(f"torch does not import ({e})")
-    try:
-        import jax
-        import jax.dlpack
-        import jax.numpy as jnp
-    except Exception as e:  # noqa: BLE001
-        skip(f"jax does not import ({e})")
+    torch, jax, jnp = harness.import_frameworks()
     import handoff
 
     cuda = args.device == "cuda"
     if cuda:
-        if not torch.cuda.is_available():
-            skip("torch sees no CUDA device (run with --device cpu for the CPU figures)")
-        try:
-            jax.devices("gpu")
-        except Exception as e:  # noqa: BLE001
-            skip(f"jax has no GPU backend ({e})")
-        if not handoff.cuda_available():
-            skip("handoff cannot use the CUDA driver")
+        why = harness.why_no_cuda(torch, jax, handoff)
+        if why == harness.NO_TORCH_CUDA:
+            why += " (run with --device cpu for the CPU figures)"
+        if why is not None:
+            skip(why)
         dev = torch.device("cuda")
     else:
         dev = torch.device("cpu")
@@ -255,19 +224,18 @@ def main():
     versions = {"jax2torch": j2t_version, "torch_jax_interop": tji_version}
     dropped = {v for v, impl in (("jax2torch", j2t), ("torch_jax_interop", tji)) if impl is False}
     args.variants = [v for v in args.variants if v not in dropped]
-    emit(
-        figure="env",
+    harness.env(
         device=torch.cuda.get_device_name(0) if cuda else "cpu",
-        torch=torch.__version__,
-        jax=jax.__version__,
+        torch=torch,
+        jax=jax,
         jax_backend=jax.default_backend(),
-        handoff=handoff.__version__,
+        handoff=handoff,
         handoff_path=os.path.dirname(handoff.__file__),
         routes=routes,
         route_requested=args.route,
         jax2torch=j2t_version,
         torch_jax_interop=tji_version,
-        python=sys.version.split()[0],
+        python=harness.PYTHON,
         torch_threads=torch.get_num_threads(),
     )
 
@@ -282,7 +250,7 @@ def main():
             "handoff": handoff.torch_function(m.layer_jax),
         }
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = harness.device_sync(torch, cuda)
     sleep_cycles = calibrate(torch) if cuda else 0
     rows = []
     for name in args.models:
@@ -320,8 +288,7 @@ def main():
     print(table(rows, lifetimes, versions, routes), flush=True)
     for n in notes:
         print(f"note: {n}", flush=True)
-    emit(figure="result", ok=not failures, failures=failures)
-    sys.exit(1 if failures else 0)
+    harness.finish()
 
 
 def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, dev, cuda, sync,
@@ -420,15 +387,9 @@ def timing(torch, handoff, m, layer, init, x, tgt, tdt, args, row, sync, cuda, s
         step()
     sync()
     before = handoff.stats()
-    per = []
-    for _ in range(args.reps):
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        sync()
-        per.append((time.perf_counter() - t0) * 1e3 / args.steps)
+    ms = harness.median_ms(step, args.steps, reps=args.reps, sync=sync)
     after = handoff.stats()
-    row["ms_per_step"] = round(statistics.median(per), 4)
+    row["ms_per_step"] = round(ms, 4)
     if row["variant"] == "handoff":
         for k in ("host_syncs", "waits_enqueued", "releases_deferred"):
             row[k] = after[k] - before[k]
@@ -468,21 +429,15 @@ def time_floor(torch, jax, jnp, m, init, x, tdt, args):
     fwd = jax.jit(lambda *a: jax.vjp(m.layer_jax, *a))
     bwd = jax.jit(lambda vjp, ct: vjp(ct))
 
-    def step():
-        _, vjp = fwd(*xs)
-        return bwd(vjp, cts)
+    g = None  # the last step's gradients, which the clock waits for
 
-    for _ in range(args.warmup):
-        g = step()
-    jax.block_until_ready(g)
-    per = []
-    for _ in range(args.reps):
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            g = step()
-        jax.block_until_ready(g)
-        per.append((time.perf_counter() - t0) * 1e3 / args.steps)
-    return statistics.median(per)
+    def step():
+        nonlocal g
+        _, vjp = fwd(*xs)
+        g = bwd(vjp, cts)
+
+    return harness.median_ms(step, args.steps, reps=args.reps, warmup=args.warmup,
+                             sync=lambda: jax.block_until_ready(g))
 
 
 def make_models(torch, jax, jnp):
@@ -1035,14 +990,14 @@ def ab_report(paths, base):
             r = med(b) / med(a)
             ra, rb = ratio.get((base, model, size, dtype, "handoff")), ratio.get((cand, model, size, dtype, "handoff"))
             rr = med(rb) / med(ra) if ra and rb else None
-            print(json.dumps({
-                "figure": "ab", "model": model, "size": size, "dtype": dtype,
-                "bound": bounds.get((model, size)), "base": base, "other": cand,
-                "base_ms": a, "other_ms": b, "ratio": round(r, 4),
-                "base_ratio_to_torch": ra, "other_ratio_to_torch": rb,
-                "ratio_of_ratios": round(rr, 4) if rr else None,
-                "target": AB_TARGET, "met": r <= AB_TARGET,
-            }), flush=True)
+            emit(
+                figure="ab", model=model, size=size, dtype=dtype,
+                bound=bounds.get((model, size)), base=base, other=cand,
+                base_ms=a, other_ms=b, ratio=round(r, 4),
+                base_ratio_to_torch=ra, other_ratio_to_torch=rb,
+                ratio_of_ratios=round(rr, 4) if rr else None,
+                target=AB_TARGET, met=r <= AB_TARGET,
+            )
             out.append(
                 f"| {model} | {size} | {dtype} | {med(a):.3f} | {med(b):.3f} ({cand}) | {r:.3f}x "
                 f"({'met' if r <= AB_TARGET else 'not met'}: <= {AB_TARGET}) | "

@@ -155,7 +155,8 @@ fn is_wheel(p: &Path) -> bool {
     })
 }
 
-/// `cargo xtask test`'s Python part: lint (when `lint`), build, install, pytest.
+/// `cargo xtask test`'s Python part: lint (when `lint`), the README's performance
+/// section checked against its logs, build, install, pytest.
 pub fn test(root: &Path, lint: bool) -> Result<(), String> {
     let python = venv(root)?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -171,6 +172,8 @@ pub fn test(root: &Path, lint: bool) -> Result<(), String> {
             "warnings",
         ]))?;
     }
+    // The README's performance table and figure are what the current run's logs give.
+    run(Command::new(&python).current_dir(root).args(["bench/readme_performance.py", "--check"]))?;
     let wheel = build_wheel(root, &python)?;
     let install =
         ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--force-reinstall", "--no-deps"];
@@ -198,6 +201,8 @@ pub fn bundle(root: &Path, out: &Path, prev_wheel: Option<&Path>) -> Result<u64,
         (root.join("bench/dispatch_cost.py"), "dispatch_cost.py".to_string()),
         (root.join("bench/profile_step.py"), "profile_step.py".to_string()),
         (root.join("bench/cuda_core_consumer.py"), "cuda_core_consumer.py".to_string()),
+        // What the scripts above share; they import it from their own folder.
+        (root.join("bench/harness.py"), "harness.py".to_string()),
     ];
     if let Some(prev) = prev_wheel {
         std::fs::create_dir_all(out.join("prev")).map_err(|e| e.to_string())?;
