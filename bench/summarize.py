@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 15's tables from the GPU benchmark logs, with each target's verdict.
+"""The host-cost tables from the GPU benchmark logs, with each target's verdict.
 
     python3 bench/summarize.py LOG [LOG ...]
 

@@ -14,7 +14,7 @@ Figures:
   route. Each route is tested below: ``native`` through ``handoff._handoff._set_route("auto")``
   where ``routes()`` says native, ``public`` through ``_set_route("public")``.
   ``HANDOFF_REQUIRE_NATIVE=1`` fails the run where a direction is not native.
-- ``drop_hazard``: the issue's scenario, 20 trials per direction and variant, 16,777,216-element
+- ``drop_hazard``: the stale-read scenario, 20 trials per direction and variant, 16,777,216-element
   f32 arrays. JAX -> PyTorch: JAX's producer ~50 ms of work; PyTorch's read (on a
   pool stream, non-blocking) queued behind ~50 ms of PyTorch work; both owners deleted;
   JAX then allocates and overwrites same-size arrays. Through ``handoff.ordered``
