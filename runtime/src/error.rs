@@ -85,14 +85,53 @@ pub enum Error {
 
 /// Why a DLPack descriptor was refused. Each check of the import path has its own
 /// variant; the foreign deleter has been called exactly once when one is returned.
+///
+/// # What a producer of bad input sees
+///
+/// A foreign tensor taken in by [`Handoff::from_raw`](crate::Handoff::from_raw) or
+/// [`Handoff::from_raw_legacy`](crate::Handoff::from_raw_legacy) is checked before any of
+/// its metadata is used, and refused with the first rule it breaks, as
+/// [`Error::Validation`]: it displays as `invalid DLPack tensor: ` followed by the
+/// variant's message. Each variant below says when it happens, shows its message for the
+/// values of its test and names that test (in `tests/tests/import_validation.rs`); the
+/// `import_raw` fuzz target checks the same for arbitrary combinations of fields. What
+/// handoff lays out itself (an export's description) is checked by the same rules.
+///
+/// The order: the version first (a wrong major version reads nothing else), the flags
+/// next, then the device and dtype; `ndim` before anything behind the `shape` and
+/// `strides` pointers is read; the alignment of the first element last.
+///
+/// Accepted, not errors: null strides before DLPack 1.2 and in the legacy ABI (compact;
+/// `null_strides_are_compact_before_1_2_and_required_from_1_2`,
+/// `legacy_null_strides_are_compact`); null data with zero elements
+/// (`null_data_with_elements`); `IS_COPIED`, which is reported
+/// (`is_copied_is_reported_and_unknown_flags_refused`); 0-d tensors of every dtype
+/// (`zero_dim_and_every_dtype_are_accepted`).
+///
+/// Not detectable by any importer, so not promised: a shape, strides or byte offset that
+/// lies about the producer's own memory (DLPack has no size field), and an `ndim` larger
+/// than the producer's own arrays but within [`MAX_NDIM`](crate::MAX_NDIM).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ValidationError {
     /// The managed-tensor pointer was null.
+    ///
+    /// ```text
+    /// managed tensor pointer is null
+    /// ```
+    ///
+    /// Test: `import_validation::null_pointer`.
     #[error("managed tensor pointer is null")]
     NullPointer,
 
-    /// `version.major` is not the one handoff speaks; no other field was read.
+    /// `version.major` is not the one handoff speaks; no other field was read (the
+    /// version is read first).
+    ///
+    /// ```text
+    /// version.major is 2, handoff speaks DLPack 1.x; the deleter was called and no other field was read
+    /// ```
+    ///
+    /// Test: `import_validation::major_version_mismatch_calls_the_deleter_and_reads_nothing_else`.
     #[error(
         "version.major is {major}, handoff speaks DLPack {expected}.x; the deleter was called and no other field was read"
     )]
@@ -103,8 +142,15 @@ pub enum ValidationError {
         expected: u32,
     },
 
-    /// `device.device_type` names a device handoff does not exchange, or a CUDA or
-    /// mock `device.device_id` is negative (a host tensor's `device_id` is not read).
+    /// `device.device_type` names a device handoff does not exchange (not host, CUDA or
+    /// the mock device), or a CUDA or mock `device.device_id` is negative (a host
+    /// tensor's `device_id` is not read).
+    ///
+    /// ```text
+    /// device (device_type 7, device_id 0) is not exchanged: handoff takes host (1, 3; any device_id), CUDA (2) and the mock device (12) with device_id >= 0
+    /// ```
+    ///
+    /// Test: `import_validation::unsupported_device`.
     #[error(
         "device (device_type {device_type}, device_id {device_id}) is not exchanged: \
          handoff takes host (1, 3; any device_id), CUDA (2) and the mock device (12) with device_id >= 0"
@@ -116,7 +162,14 @@ pub enum ValidationError {
         device_id: i32,
     },
 
-    /// `dtype` is not a scalar DLPack dtype with a valid bit width.
+    /// `dtype` is not a scalar DLPack dtype with a valid bit width: a vector dtype
+    /// (`lanes` other than 1), an unknown type code, or a bit width its code does not have.
+    ///
+    /// ```text
+    /// dtype (code 2, bits 32, lanes 4) is not a DLPack scalar dtype handoff exchanges
+    /// ```
+    ///
+    /// Test: `import_validation::unsupported_dtypes`.
     #[error("dtype (code {code}, bits {bits}, lanes {lanes}) is not a DLPack scalar dtype handoff exchanges")]
     UnsupportedDtype {
         /// `dtype.code`.
@@ -128,13 +181,25 @@ pub enum ValidationError {
     },
 
     /// `ndim` is negative.
+    ///
+    /// ```text
+    /// ndim is -1: it must be >= 0
+    /// ```
+    ///
+    /// Test: `import_validation::ndim_bounds`.
     #[error("ndim is {ndim}: it must be >= 0")]
     NegativeNdim {
         /// `ndim`.
         ndim: i32,
     },
 
-    /// `ndim` is above [`crate::MAX_NDIM`].
+    /// `ndim` is above [`crate::MAX_NDIM`]; the shape is not read.
+    ///
+    /// ```text
+    /// ndim is 1000000: handoff takes at most 64 dimensions
+    /// ```
+    ///
+    /// Test: `import_validation::ndim_bounds`.
     #[error("ndim is {ndim}: handoff takes at most {max} dimensions")]
     TooManyDims {
         /// `ndim`.
@@ -144,6 +209,12 @@ pub enum ValidationError {
     },
 
     /// `shape` is null although `ndim > 0`.
+    ///
+    /// ```text
+    /// shape is null but ndim is 1
+    /// ```
+    ///
+    /// Test: `import_validation::null_shape`.
     #[error("shape is null but ndim is {ndim}")]
     NullShape {
         /// `ndim`.
@@ -151,6 +222,13 @@ pub enum ValidationError {
     },
 
     /// `shape[axis]` is negative.
+    ///
+    /// ```text
+    /// shape[1] is -3: dimensions must be >= 0
+    /// ```
+    ///
+    /// Tests: `import_validation::negative_and_overflowing_shapes`,
+    /// `import_validation::legacy_null_strides_are_compact`.
     #[error("shape[{axis}] is {value}: dimensions must be >= 0")]
     NegativeDimension {
         /// The axis.
@@ -159,14 +237,30 @@ pub enum ValidationError {
         value: i64,
     },
 
-    /// The product of `shape` overflows.
+    /// The element count or the byte count of `shape` does not fit in `isize`. An empty
+    /// tensor whose other dimensions multiply past `isize::MAX` is refused too, whatever
+    /// the order of its dimensions.
+    ///
+    /// ```text
+    /// shape [9223372036854775807, 4] has more elements than fit in isize
+    /// ```
+    ///
+    /// Tests: `import_validation::negative_and_overflowing_shapes`,
+    /// `import_validation::empty_shapes_whose_other_dimensions_overflow_are_refused_in_any_order`.
     #[error("shape {shape:?} has more elements than fit in isize")]
     ShapeOverflow {
         /// `shape`.
         shape: Vec<i64>,
     },
 
-    /// `strides` is null in a DLPack version that requires explicit strides.
+    /// `strides` is null with `ndim > 0` in DLPack 1.2 or later, which requires explicit
+    /// strides. (Before 1.2, and in the legacy ABI, null strides mean compact.)
+    ///
+    /// ```text
+    /// strides is null but DLPack 1.2 requires explicit strides for ndim 2
+    /// ```
+    ///
+    /// Test: `import_validation::null_strides_are_compact_before_1_2_and_required_from_1_2`.
     #[error("strides is null but DLPack {major}.{minor} requires explicit strides for ndim {ndim}")]
     StridesRequired {
         /// `version.major`.
@@ -177,7 +271,14 @@ pub enum ValidationError {
         ndim: i32,
     },
 
-    /// The memory the shape and strides span, in bytes, overflows `isize`.
+    /// The memory the shape and strides span (shape x strides x element size), in bytes,
+    /// overflows `isize`.
+    ///
+    /// ```text
+    /// shape [2, 2] with strides [4611686018427387903, 1] spans more than isize::MAX bytes of f32
+    /// ```
+    ///
+    /// Test: `import_validation::extent_overflowing_isize`.
     #[error("shape {shape:?} with strides {strides:?} spans more than isize::MAX bytes of {dtype}")]
     ExtentOverflow {
         /// `shape`.
@@ -189,6 +290,12 @@ pub enum ValidationError {
     },
 
     /// `data + byte_offset` overflows the address space.
+    ///
+    /// ```text
+    /// byte_offset 18446744073709551613 added to data 0x... overflows the address space
+    /// ```
+    ///
+    /// Test: `import_validation::byte_offset_overflow_and_misalignment`.
     #[error("byte_offset {byte_offset} added to data {data:#x} overflows the address space")]
     ByteOffsetOverflow {
         /// `data`.
@@ -197,7 +304,18 @@ pub enum ValidationError {
         byte_offset: u64,
     },
 
-    /// `data + byte_offset` is not aligned for the dtype.
+    /// `data + byte_offset` is not aligned for the dtype. Checked last, so a tensor
+    /// refused only for this breaks no other rule: [`check_passed_on`](crate::check_passed_on)
+    /// accepts it, and the Python package's `handoff.ordered` hands such host memory on
+    /// unchanged to a foreign consumer, for that consumer to copy or refuse.
+    ///
+    /// ```text
+    /// data 0x... + byte_offset 2 is not aligned to 4 bytes, as f32 needs
+    /// ```
+    ///
+    /// Tests: `import_validation::byte_offset_overflow_and_misalignment`; for
+    /// `check_passed_on`, the Python test
+    /// `test_misaligned_host_memory_is_passed_on_unchanged_unless_another_field_is_wrong`.
     #[error("data {data:#x} + byte_offset {byte_offset} is not aligned to {align} bytes, as {dtype} needs")]
     Misaligned {
         /// `data`.
@@ -210,7 +328,14 @@ pub enum ValidationError {
         dtype: String,
     },
 
-    /// `data` is null but the tensor has elements.
+    /// `data` is null but the tensor has elements (null data with no elements is
+    /// accepted).
+    ///
+    /// ```text
+    /// data is null but the tensor has 4 elements
+    /// ```
+    ///
+    /// Test: `import_validation::null_data_with_elements`.
     #[error("data is null but the tensor has {elements} elements")]
     NullData {
         /// The element count.
@@ -218,6 +343,12 @@ pub enum ValidationError {
     },
 
     /// `data` is null but `byte_offset` is not 0: there is no address to offset from.
+    ///
+    /// ```text
+    /// data is null but byte_offset is 2: a null data pointer takes byte_offset 0; put the address in data
+    /// ```
+    ///
+    /// Test: `import_validation::null_data_with_a_byte_offset_is_refused`.
     #[error(
         "data is null but byte_offset is {byte_offset}: a null data pointer takes byte_offset 0; \
          put the address in data"
@@ -228,7 +359,14 @@ pub enum ValidationError {
     },
 
     /// The bytes the tensor reaches from `data + byte_offset` fall below address 0
-    /// (negative strides) or past the top of the address space.
+    /// (negative strides) or past the top of the address space (one past the last byte
+    /// must be an address too).
+    ///
+    /// ```text
+    /// data 0x100 + byte_offset 0 with shape [4] and strides [-256] reaches bytes -3072..4 from there, which leaves the address space 0..=0xffffffffffffffff
+    /// ```
+    ///
+    /// Test: `import_validation::extents_below_address_zero_or_past_the_top_are_refused`.
     #[error(
         "data {data:#x} + byte_offset {byte_offset} with shape {shape:?} and strides {strides:?} reaches \
          bytes {first_byte}..{end_byte} from there, which leaves the address space 0..={max:#x}",
@@ -249,7 +387,14 @@ pub enum ValidationError {
         end_byte: u64,
     },
 
-    /// A mutable import of a tensor whose strides reach one element from two indices.
+    /// A mutable import ([`Access::Write`](crate::Access::Write)) of a tensor whose
+    /// strides reach one element from two indices (a read-only import of it is fine).
+    ///
+    /// ```text
+    /// shape [2, 2] with strides [1, 1] reaches some element from two indices: a mutable import is refused (writes would race); import it read-only, or make it contiguous first
+    /// ```
+    ///
+    /// Test: `import_validation::write_access_to_self_overlapping_strides_is_refused_and_reading_them_is_fine`.
     #[error(
         "shape {shape:?} with strides {strides:?} reaches some element from two indices: a mutable \
          import is refused (writes would race); import it read-only, or make it contiguous first"
@@ -262,7 +407,13 @@ pub enum ValidationError {
     },
 
     /// `flags` has `IS_SUBBYTE_TYPE_PADDED` for a sub-byte dtype: handoff exchanges
-    /// sub-byte types packed only.
+    /// sub-byte types packed only (on whole-byte dtypes the flag changes nothing).
+    ///
+    /// ```text
+    /// flags has IS_SUBBYTE_TYPE_PADDED for f4e2m1fn (4 bits): handoff exchanges sub-byte dtypes packed only; pack the elements (no padding bits between them), or exchange them as u8
+    /// ```
+    ///
+    /// Test: `import_validation::padded_sub_byte_dtypes_are_refused_and_the_flag_is_a_no_op_on_whole_bytes`.
     #[error(
         "flags has IS_SUBBYTE_TYPE_PADDED for {dtype} ({bits} bits): handoff exchanges sub-byte \
          dtypes packed only; pack the elements (no padding bits between them), or exchange them as u8"
@@ -274,11 +425,25 @@ pub enum ValidationError {
         bits: u8,
     },
 
-    /// A mutable import of a tensor whose `flags` has `READ_ONLY`.
+    /// A mutable import ([`Access::Write`](crate::Access::Write)) of a tensor whose
+    /// `flags` has `READ_ONLY` (a read-only import keeps the flag).
+    ///
+    /// ```text
+    /// flags has READ_ONLY: a mutable import is refused; import it read-only
+    /// ```
+    ///
+    /// Test: `import_validation::read_only_refuses_mutable_import_and_is_kept_on_read`.
     #[error("flags has READ_ONLY: a mutable import is refused; import it read-only")]
     ReadOnly,
 
-    /// `flags` has bits DLPack does not define.
+    /// `flags` has bits DLPack does not define; the flags are read right after the
+    /// version, before any other field.
+    ///
+    /// ```text
+    /// flags 0x10000000000 has bits DLPack does not define
+    /// ```
+    ///
+    /// Test: `import_validation::is_copied_is_reported_and_unknown_flags_refused`.
     #[error("flags {flags:#x} has bits DLPack does not define")]
     UnknownFlags {
         /// `flags`.

@@ -153,7 +153,7 @@ fn ten_thousand_mixed_handoffs_release_everything_exactly_once() {
                         // producer's buffer is freed on the host at this drop; the mock
                         // models that free as a host operation and reports a release race
                         // with the still-queued kernels (real allocators free in stream
-                        // order: see docs/RELIABILITY.md). Let them finish first.
+                        // order). Let them finish first.
                         mock.synchronize();
                     }
                     drop(y);

@@ -48,6 +48,24 @@ impl std::fmt::Display for ErrorCode {
 }
 
 /// Everything that can go wrong in handoff-xla.
+///
+/// # Bad input to the loaders
+///
+/// What a user hands handoff-xla to compile ([`Source::from_file`](crate::Source::from_file),
+/// [`Source::from_bytes`](crate::Source::from_bytes),
+/// [`Artifact::from_bytes`](crate::Artifact::from_bytes),
+/// [`Kernel::load`](crate::Kernel::load), [`Kernel::load_bytes`](crate::Kernel::load_bytes),
+/// [`Kernel::compile`](crate::Kernel::compile)) is refused with a typed error:
+/// [`Invalid`](XlaError::Invalid) for what handoff's own format checks refuse,
+/// [`PluginException`](XlaError::PluginException) for a C++ exception the plugin throws,
+/// [`Refused`](XlaError::Refused) for bytes the isolated loader's child did not pass. Only
+/// a plugin defect met in-process (`Kernel::compile`, or a load with
+/// [`LoadOptions::trusted`](crate::LoadOptions::trusted)) can end the calling process;
+/// the isolated loads contain those too. Each of those variants lists the inputs that
+/// reach it, with the message and the test (in `adapters/xla/tests/`:
+/// `artifact_faults.rs`, `kernel_cpu.rs`, `isolation.rs`); the `artifact` and `stablehlo`
+/// fuzz targets check that every failure on arbitrary bytes is a typed error with a
+/// non-empty message.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum XlaError {
@@ -73,6 +91,18 @@ pub enum XlaError {
     /// (memory it leaked, a lock it held). handoff destroys nothing the call did not
     /// return. The client may be unusable afterwards; to be safe, drop it and make a
     /// new one (or restart the process), and report the input to the plugin's authors.
+    ///
+    /// Reached by a module on which the CPU plugin's `PJRT_Client_Compile` throws (a
+    /// mutated `jax.export` artifact) when it is compiled in-process
+    /// ([`Kernel::compile`](crate::Kernel::compile), or a load with
+    /// [`LoadOptions::trusted`](crate::LoadOptions::trusted)); the isolated
+    /// loader reports the same bytes as [`Refused`](XlaError::Refused). Test:
+    /// `artifact_faults::a_cpp_exception_in_compile_is_a_typed_error_and_the_client_still_works`
+    /// (it aborted the test binary before the guard).
+    ///
+    /// ```text
+    /// PJRT_Client_Compile threw a C++ exception, caught at the FFI boundary: std::exception: SmallVector unable to grow. Requested capacity (361699103270574851) is larger than maximum value for size type (4294967295); the plugin's state after this is unknown (a plugin bug: its client may be unusable)
+    /// ```
     #[error(
         "{call} threw a C++ exception, caught at the FFI boundary: {exception}; \
          the plugin's state after this is unknown (a plugin bug: its client may be unusable)"
@@ -130,7 +160,49 @@ pub enum XlaError {
         searched: String,
     },
 
-    /// An argument or value refused before calling PJRT.
+    /// An argument or value refused before calling PJRT: `{field} is {value}: {reason}`.
+    ///
+    /// The loaders' bad inputs that end here:
+    ///
+    /// - an empty kernel file, or empty bytes (never handed to the plugin). Tests:
+    ///   `kernel_cpu::a_jaxexport_file_is_read_as_an_artifact_and_refused_as_one`,
+    ///   `kernel_cpu::kernel_source_is_recognized_by_content`.
+    ///   ```text
+    ///   kernel file is /tmp/x/empty.jaxexport: empty file
+    ///   kernel bytes is 0 bytes: empty: no program or artifact
+    ///   ```
+    /// - a `.jaxexport` file that is not an artifact (here the first 7 bytes of one): refused
+    ///   as an artifact, never read as StableHLO text. Test:
+    ///   `kernel_cpu::a_jaxexport_file_is_read_as_an_artifact_and_refused_as_one`.
+    ///   ```text
+    ///   kernel file is /tmp/x/cut.jaxexport: not a jax.export artifact (7 bytes): they lie past the artifact's end (7 bytes): ...
+    ///   ```
+    /// - bytes that are not a valid flatbuffer (offsets past the end, a string that is not
+    ///   UTF-8 or has no NUL, misaligned data, more tables or depth than the verifier's
+    ///   limits for that size), naming the field's path in `Exported` and the bytes where
+    ///   there is one. Test:
+    ///   `artifact_faults::a_malformed_artifact_is_refused_naming_the_field_and_the_offset`.
+    ///   ```text
+    ///   jax.export artifact: Exported.platforms[1] is bytes 2368..2372: the string there is not UTF-8 (invalid utf-8 sequence of 1 bytes from index 0): a truncated or corrupted artifact (the bytes of jax.export's Exported.serialize() are a flatbuffer)
+    ///   ```
+    /// - an artifact cut short into its last string (cutting only its padding reads the same
+    ///   artifact: see [`Artifact::from_bytes`](crate::Artifact::from_bytes)). Test:
+    ///   `artifact_faults::truncated_artifacts_load_identically_or_are_refused_by_field`.
+    ///   ```text
+    ///   jax.export artifact: Exported.function_name is bytes 2244..2251: the string there has no NUL terminator within the artifact (2251 bytes): ...
+    ///   ```
+    /// - an artifact whose listed shapes or dtypes are not its module's (a dimension or an
+    ///   aval index changed), at compile. Test:
+    ///   `artifact_faults::an_artifact_whose_shapes_are_not_its_modules_is_refused_naming_both`.
+    ///   ```text
+    ///   jax.export artifact parameters[0] is f32[9, 16]: its module's parameter 0 is f32[8, 16]: the file is damaged or was not written by jax.export
+    ///   ```
+    /// - an isolated load whose child is not a program that links handoff-xla (a Python
+    ///   interpreter, say), or a child that cannot load the plugin (field `isolated check`).
+    ///   Test: `isolation::a_program_without_the_hook_is_reported_and_a_hung_child_is_killed`.
+    ///   ```text
+    ///   isolated check is the child process: /bin/true is not a program that links handoff-xla (it did not answer the handshake; its last line: (nothing)): set HANDOFF_XLA_CHECKER to the handoff-check binary
+    ///   ```
     #[error("{field} is {value}: {reason}")]
     Invalid {
         /// The field or argument.
@@ -219,6 +291,35 @@ pub enum XlaError {
     /// Bytes the isolated loader's child did not pass: the plugin refused them, or the
     /// child died on them (a signal, an exit status) or ran past its time limit. The
     /// calling process is unharmed; nothing was compiled in it.
+    ///
+    /// Returned by [`Kernel::load`](crate::Kernel::load) and
+    /// [`Kernel::load_bytes`](crate::Kernel::load_bytes) (isolated, the default) for a module
+    /// that makes the plugin `abort()`, corrupt its heap, fault or never return. Test:
+    /// `isolation::damaged_artifacts_that_kill_an_in_process_load_are_refused_and_the_caller_survives`
+    /// (each of its files kills a process that compiles it in-process);
+    /// `isolation::a_program_without_the_hook_is_reported_and_a_hung_child_is_killed` for the
+    /// time limit.
+    ///
+    /// ```text
+    /// adapters/xla/tests/damaged/ln_gelu_f32_8x16_cpu-seed7-854.jaxexport: refused by the isolated check: killed by signal 6 (SIGABRT); the child's last line: LLVM ERROR: Property conversion failed.
+    /// ```
+    ///
+    /// Bytes the child's plugin refuses with an error come back here too, with the outcome
+    /// "the plugin refused them" and the plugin's message as the last line. Test:
+    /// `isolation::bytes_the_plugin_refuses_come_back_with_its_message`.
+    ///
+    /// ```text
+    /// kernel bytes (2252 bytes): refused by the isolated check: the plugin refused them; the child's last line: PJRT_Client_Compile threw a C++ exception, caught at the FFI boundary: ...
+    /// ```
+    ///
+    /// Not returned: the same module compiled in-process ([`Kernel::compile`](crate::Kernel::compile),
+    /// [`LoadOptions::trusted`](crate::LoadOptions::trusted)) is a plugin defect no in-process
+    /// caller can contain (the process ends or stalls). A pass kept on disk
+    /// ([`LoadOptions::verdict_cache`](crate::LoadOptions::verdict_cache),
+    /// `HANDOFF_XLA_VERDICT_CACHE`) whose file was changed, or that was kept for other bytes,
+    /// plugin, device or limits, is read as no pass: the bytes are checked in a child again
+    /// (tests `isolation::a_pass_kept_on_disk_spares_later_processes_the_child_and_only_for_the_same_bytes`,
+    /// `isolation::disk::tests::a_pass_is_found_only_for_the_same_header_and_bytes`).
     #[error("{name}: refused by the isolated check: {outcome}; the child's last line: {last_line}")]
     Refused {
         /// The file, or the bytes' size.

@@ -3,10 +3,28 @@
 use super::*;
 
 /// Why the registry refused. Each variant names the adapter and the value at fault.
+///
+/// # What a caller of bad input sees
+///
+/// Each variant below says when [`find`], [`convert`], [`convert_into`] or an
+/// [`Adapter`]'s `export`/`import` returns it and shows its message for the values of
+/// its test (in `tests/tests/registry.rs`, or the registry module's unit tests in
+/// `runtime/src/registry/tests.rs`). The `registry_convert` fuzz target checks every
+/// outcome with random names, values and descriptors. A refusal before anything was
+/// exported gives the caller's value back ([`ConvertError`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegistryError {
-    /// No adapter of this name is registered.
+    /// No adapter of this name is registered: a misspelt name, or an adapter whose crate
+    /// is not linked into the program (`torch` without the feature, for one). Names the
+    /// first unknown name and lists the registered ones.
+    ///
+    /// ```text
+    /// no adapter named `pytorch` is registered (registered: ...); link the adapter's crate into the program (`use my_adapter as _;`) or enable its feature of `handoff`
+    /// ```
+    ///
+    /// Tests: `registry::unknown_names_and_unsupported_pairs_are_clear_errors`; unit test
+    /// `basics::mock_is_registered_and_unknown_names_are_refused`.
     #[error(
         "no adapter named `{name}` is registered (registered: {known}); link the adapter's \
          crate into the program (`use my_adapter as _;`) or enable its feature of `handoff`"
@@ -19,7 +37,15 @@ pub enum RegistryError {
     },
     /// Two or more adapters are registered under one name (two versions of one
     /// adapter crate linked into the program, or two crates that chose one name):
-    /// [`find`] and [`convert`] refuse to pick one by link order.
+    /// [`find`] and [`convert`] refuse to pick one by link order. Each candidate is named
+    /// with its version and the types it exports and imports.
+    ///
+    /// ```text
+    /// 2 adapters are registered as `test-twice` (test-twice 0.0.1 exporting `registry::Frame<f32>` and importing ...; test-twice 0.0.2 exporting `registry::Frame<i32>` and importing nothing); `find` and `convert` take none of them: link only one (`cargo tree -i <adapter crate>` shows who pulls in each; `handoff doctor` lists them)
+    /// ```
+    ///
+    /// Tests: `registry::two_adapters_with_one_name_are_refused`; unit test
+    /// `refusals::a_name_registered_twice_is_refused_naming_both`.
     #[error(
         "{} adapters are registered as `{name}` ({candidates}); `find` and `convert` take none of them: \
          link only one (`cargo tree -i <adapter crate>` shows who pulls in each; `handoff doctor` lists them)",
@@ -33,19 +59,40 @@ pub enum RegistryError {
         /// Each of them with the types it exports and imports.
         candidates: String,
     },
-    /// The adapter does not export.
+    /// The adapter given as `from` does not export (it only imports).
+    ///
+    /// ```text
+    /// adapter `<name>` cannot export (it only imports); convert from an adapter that exports
+    /// ```
+    ///
+    /// No test of its own.
     #[error("adapter `{adapter}` cannot export (it only imports); convert from an adapter that exports")]
     CannotExport {
         /// The adapter.
         adapter: &'static str,
     },
-    /// The adapter does not import.
+    /// The adapter given as `to` does not import (it only exports).
+    ///
+    /// ```text
+    /// adapter `test-frame-i32` cannot import (it only exports); convert to an adapter that imports
+    /// ```
+    ///
+    /// Test: `registry::unknown_names_and_unsupported_pairs_are_clear_errors`.
     #[error("adapter `{adapter}` cannot import (it only exports); convert to an adapter that imports")]
     CannotImport {
         /// The adapter.
         adapter: &'static str,
     },
-    /// The value is not the adapter's export type.
+    /// The value is not the `from` adapter's export type; names that adapter and the
+    /// type it exports.
+    ///
+    /// ```text
+    /// adapter `test-frame-i32` exports `registry::Frame<i32>`, and the value given is another type; pass a `Box<registry::Frame<i32>>`
+    /// ```
+    ///
+    /// Tests: `registry::unknown_names_and_unsupported_pairs_are_clear_errors`; unit tests
+    /// `basics::wrong_types_and_devices_are_refused_before_any_work`,
+    /// `refusals::adapter_export_gives_a_refused_value_back`.
     #[error(
         "adapter `{adapter}` exports `{expected}`, and the value given is another type; pass a `Box<{expected}>`"
     )]
@@ -55,7 +102,15 @@ pub enum RegistryError {
         /// The type it exports.
         expected: &'static str,
     },
-    /// The adapter does not take memory of this device.
+    /// The adapter does not take memory of this device; refused before any export or
+    /// device work.
+    ///
+    /// ```text
+    /// adapter `ndarray` does not take mock:0 memory (it takes: host); move the tensor to one of those devices first, or convert to an adapter that takes mock:0
+    /// ```
+    ///
+    /// Tests: `registry::unknown_names_and_unsupported_pairs_are_clear_errors`; unit test
+    /// `refusals::a_refused_convert_gives_the_value_back`.
     #[error(
         "adapter `{adapter}` does not take {device} memory (it takes: {supported}); move the tensor \
          to one of those devices first, or convert to an adapter that takes {device}"
@@ -68,7 +123,15 @@ pub enum RegistryError {
         /// The devices it takes.
         supported: String,
     },
-    /// The adapter does not take elements of this dtype.
+    /// The adapter does not take elements of this dtype; refused before any export or
+    /// device work.
+    ///
+    /// ```text
+    /// adapter `ndarray` does not take dtype i32 (it takes: f32); cast the tensor first
+    /// ```
+    ///
+    /// Tests: `registry::unknown_names_and_unsupported_pairs_are_clear_errors`; unit test
+    /// `refusals::a_refused_convert_gives_the_value_back`.
     #[error("adapter `{adapter}` does not take dtype {dtype} (it takes: {supported}); cast the tensor first")]
     UnsupportedDtype {
         /// The adapter.
@@ -78,7 +141,15 @@ pub enum RegistryError {
         /// The dtypes it takes.
         supported: String,
     },
-    /// The adapter imports into another context than the one given.
+    /// The adapter imports into another context than the one given (`xla` imports into
+    /// a client: [`convert`], which passes a stream, is refused for it).
+    ///
+    /// ```text
+    /// adapter `xla` imports into a `handoff_xla::client::Client`, and the context given is another type; pass a `handoff_xla::client::Client` (to `registry::convert_into`; `convert` passes a `Stream`)
+    /// ```
+    ///
+    /// Tests: unit test `refusals::a_refused_convert_gives_the_value_back`; handoff-xla's
+    /// `kernel_cpu::registry_imports_into_the_client_it_is_given`.
     #[error(
         "adapter `{adapter}` imports into a `{expected}`, and the context given is another type; \
          pass a `{expected}` (to `registry::convert_into`; `convert` passes a `Stream`)"
@@ -89,7 +160,16 @@ pub enum RegistryError {
         /// The context type it imports into.
         expected: &'static str,
     },
-    /// The adapter's own entry point failed.
+    /// The adapter's own entry point failed: its export or import refused the value, the
+    /// value could not be described (step `describe`), or the import context named no
+    /// stream for the value's device (step `pick a stream`).
+    ///
+    /// ```text
+    /// adapter `mock` failed to import: ...
+    /// ```
+    ///
+    /// Test: unit test `refusals::a_refused_convert_gives_the_value_back` (a mock tensor
+    /// imported on the host); the `registry_convert` fuzz target.
     #[error("adapter `{adapter}` failed to {step}: {source}")]
     Failed {
         /// The adapter.
