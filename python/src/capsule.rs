@@ -10,7 +10,6 @@
 
 use crate::keep_alive;
 use crate::main_thread;
-use crate::torch_api::Exported;
 use dlpark::DlpackFlags;
 use handoff_runtime::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use handoff_runtime::reaper;
@@ -137,15 +136,18 @@ pub fn misaligned_host(t: &DLTensor) -> Option<usize> {
     (host && !start.is_multiple_of(align)).then_some(start)
 }
 
-/// Takes in a tensor PyTorch exported through its C exchange API, as [`adopt`] takes
-/// what [`take`] gives: its deleter runs on the main thread.
-pub fn adopt_exported(
-    exported: Exported,
+/// Takes in an owned managed tensor (PyTorch's C exchange API's: `Exported::adopt`) as
+/// [`adopt`] takes what [`take`] gives: its deleter runs on the main thread.
+///
+/// # Safety
+/// `managed` is an owned managed tensor that nothing else uses or deletes.
+pub unsafe fn adopt_owned(
+    managed: *mut DLManagedTensorVersioned,
     consumer: &Stream,
     access: Access,
 ) -> handoff_runtime::Result<Adopted> {
-    let taken = Taken::Versioned(MainThreadProxy::wrap(exported.into_raw()));
-    // SAFETY: PyTorch's owned managed tensor behind its main-thread proxy, unused.
+    let taken = Taken::Versioned(MainThreadProxy::wrap(managed));
+    // SAFETY: an owned managed tensor, unused (the caller's contract), behind its proxy.
     unsafe { adopt(taken, consumer, access) }
 }
 

@@ -304,7 +304,7 @@ impl ToJax {
             }
             None => Stream::host(),
         };
-        let adopted = capsule::adopt_exported(exported, &consumer, Access::Read).map_err(errors::to_py)?;
+        let adopted = exported.adopt(&consumer, Access::Read).map_err(errors::to_py)?;
         let wide = wide_dtype(&adopted.handoff);
         let source = adopted.handoff.data_ptr() as usize;
         // JAX takes legacy capsules only (as its `from_dlpack` asks for).

@@ -106,7 +106,7 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flush, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(keep_alive::shutdown, m)?)?;
-    m.add_function(wrap_pyfunction!(mock::mock_ordered, m)?)?;
+    m.add_function(wrap_pyfunction!(ordered::mock_ordered, m)?)?;
     m.add("HandoffError", py.get_type::<errors::HandoffError>())?;
     m.add("InvalidTensorError", py.get_type::<errors::InvalidTensorError>())?;
     let v = handoff_runtime::ffi::DLPackVersion::CURRENT;

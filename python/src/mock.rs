@@ -2,15 +2,13 @@
 //! device (`handoff_runtime::mock`), so that the stream-ordered release, the reaper and
 //! the GIL rules can be tested on machines without a GPU.
 //!
-//! `_mock_ordered(obj, busy_us)` behaves as `ordered(obj)`, except that the consumer's
+//! `_mock_ordered(obj, busy_us)` (in `ordered`) behaves as `ordered(obj)`, except that the consumer's
 //! stream is a simulated one on which `busy_us` microseconds of consumer work are
 //! queued when the capsule is made. The release then waits for the simulated clock,
 //! which `Ordered._mock_advance(us)` moves (or `flush()`, which waits on the host).
 
-use crate::ordered::Ordered;
 use handoff_runtime::Stream;
 use handoff_runtime::mock::{Kernel, Mock};
-use pyo3::prelude::*;
 
 /// A simulated consumer stream and the work queued on it per hand-off.
 pub struct MockConsumer {
@@ -20,6 +18,14 @@ pub struct MockConsumer {
 }
 
 impl MockConsumer {
+    /// A simulated device's stream on which each hand-off queues `busy_us` microseconds
+    /// of consumer work.
+    pub fn new(busy_us: u64) -> MockConsumer {
+        let mock = Mock::new();
+        let stream = mock.stream(0, "python consumer");
+        MockConsumer { mock, stream, busy_nanos: busy_us.saturating_mul(1000) }
+    }
+
     /// The simulated consumer stream.
     pub fn stream(&self) -> &Stream {
         &self.stream
@@ -34,14 +40,4 @@ impl MockConsumer {
     pub fn advance(&self, micros: u64) {
         self.mock.advance(micros.saturating_mul(1000));
     }
-}
-
-/// `ordered(obj)` with a simulated consumer stream (see the module docs).
-#[pyfunction(name = "_mock_ordered")]
-#[pyo3(signature = (obj, busy_us, *, writable = false))]
-pub fn mock_ordered(obj: &Bound<'_, PyAny>, busy_us: u64, writable: bool) -> PyResult<Ordered> {
-    let mock = Mock::new();
-    let stream = mock.stream(0, "python consumer");
-    let consumer = MockConsumer { mock, stream, busy_nanos: busy_us.saturating_mul(1000) };
-    Ordered::new(obj, writable, Some(consumer))
 }

@@ -252,7 +252,7 @@ impl Ordered {
             let (producer, _) = torch.current_cuda_stream(py, exported.device())?;
             handoff_runtime::order(Some(&producer), &consumer.stream).map_err(errors::to_py)?;
         }
-        let adopted = capsule::adopt_exported(exported, &consumer.stream, self.access);
+        let adopted = exported.adopt(&consumer.stream, self.access);
         adopted.map(Some).map_err(errors::to_py)
     }
 
@@ -502,4 +502,11 @@ impl Ordered {
         };
         format!("handoff.ordered({inner}{kind})")
     }
+}
+
+/// `ordered(obj)` with a simulated consumer stream (tests only; see `mock`).
+#[pyfunction(name = "_mock_ordered")]
+#[pyo3(signature = (obj, busy_us, *, writable = false))]
+pub fn mock_ordered(obj: &Bound<'_, PyAny>, busy_us: u64, writable: bool) -> PyResult<Ordered> {
+    Ordered::new(obj, writable, Some(MockConsumer::new(busy_us)))
 }

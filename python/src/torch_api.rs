@@ -11,7 +11,7 @@
 use handoff_runtime::ffi::{
     DLDataTypeCode, DLDevice, DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader,
 };
-use handoff_runtime::{Stream, cuda};
+use handoff_runtime::{Access, Stream, cuda};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::intern;
@@ -257,6 +257,17 @@ impl Exported {
     /// offset), which handoff passes on unchanged (see [`crate::capsule::passed_on`]).
     pub fn misaligned_host(&self) -> bool {
         crate::capsule::misaligned_host(&self.get().dl_tensor).is_some()
+    }
+
+    /// Hands the tensor to a consumer on `consumer` (its deleter then runs on the main
+    /// thread, as every producer's does).
+    pub fn adopt(
+        self,
+        consumer: &Stream,
+        access: Access,
+    ) -> handoff_runtime::Result<crate::capsule::Adopted> {
+        // SAFETY: PyTorch's tensor, owned here and given away whole.
+        unsafe { crate::capsule::adopt_owned(self.into_raw(), consumer, access) }
     }
 
     /// Gives up ownership: the caller calls the deleter.

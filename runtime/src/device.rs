@@ -1,6 +1,6 @@
-//! Where a tensor's memory lives, and its mapping to DLPack's `DLDevice`.
+//! Where a tensor's memory lives, and its mapping to DLPack's `DLDevice` (the way back,
+//! [`Device::from_dlpack`], is validation's: `validate.rs`).
 
-use crate::error::ValidationError;
 use dlpark::ffi::{DLDevice, DLDeviceType};
 use std::fmt;
 
@@ -33,22 +33,6 @@ impl Device {
         }
     }
 
-    /// The device a DLPack descriptor names, or [`ValidationError::UnsupportedDevice`]
-    /// for device types handoff does not exchange (OpenCL, Vulkan, ROCm, ...).
-    pub fn from_dlpack(device: DLDevice) -> Result<Device, ValidationError> {
-        let unsupported = || ValidationError::UnsupportedDevice {
-            device_type: device.device_type.0,
-            device_id: device.device_id,
-        };
-        let ordinal = u32::try_from(device.device_id).map_err(|_| unsupported());
-        match device.device_type {
-            DLDeviceType::CPU | DLDeviceType::CUDAHOST => Ok(Device::Host),
-            DLDeviceType::CUDA => Ok(Device::Cuda(ordinal?)),
-            DLDeviceType::EXTDEV => Ok(Device::Mock(ordinal?)),
-            _ => Err(unsupported()),
-        }
-    }
-
     /// Whether the host may read this memory directly.
     pub const fn is_host(self) -> bool {
         matches!(self, Device::Host)
@@ -62,27 +46,5 @@ impl fmt::Display for Device {
             Device::Cuda(i) => write!(f, "cuda:{i}"),
             Device::Mock(i) => write!(f, "mock:{i}"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trips_and_refuses_unknown_devices() {
-        for d in [Device::Host, Device::Cuda(0), Device::Cuda(7), Device::Mock(2)] {
-            assert_eq!(Device::from_dlpack(d.to_dlpack()).unwrap(), d);
-        }
-        let vulkan = DLDevice { device_type: DLDeviceType::VULKAN, device_id: 0 };
-        assert!(matches!(
-            Device::from_dlpack(vulkan),
-            Err(ValidationError::UnsupportedDevice { device_type: 7, device_id: 0 })
-        ));
-        let negative = DLDevice::cuda(-1);
-        assert!(matches!(
-            Device::from_dlpack(negative),
-            Err(ValidationError::UnsupportedDevice { device_type: 2, device_id: -1 })
-        ));
     }
 }

@@ -7,12 +7,30 @@ use crate::device::Device;
 use crate::dtype::{self, DataType};
 use crate::error::ValidationError;
 use dlpark::DlpackFlags;
-use dlpark::ffi::{DLDataType, DLDevice, DLPackVersion, DLTensor};
+use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLPackVersion, DLTensor};
 use dlpark::tensor::Error as DlparkError;
 use std::ffi::c_void;
 
 /// The most dimensions a hand-off may have.
 pub const MAX_NDIM: i32 = 64;
+
+impl Device {
+    /// The device a DLPack descriptor names, or [`ValidationError::UnsupportedDevice`]
+    /// for device types handoff does not exchange (OpenCL, Vulkan, ROCm, ...).
+    pub fn from_dlpack(device: DLDevice) -> Result<Device, ValidationError> {
+        let unsupported = || ValidationError::UnsupportedDevice {
+            device_type: device.device_type.0,
+            device_id: device.device_id,
+        };
+        let ordinal = u32::try_from(device.device_id).map_err(|_| unsupported());
+        match device.device_type {
+            DLDeviceType::CPU | DLDeviceType::CUDAHOST => Ok(Device::Host),
+            DLDeviceType::CUDA => Ok(Device::Cuda(ordinal?)),
+            DLDeviceType::EXTDEV => Ok(Device::Mock(ordinal?)),
+            _ => Err(unsupported()),
+        }
+    }
+}
 
 /// What a hand-off's DLPack tensor says of its memory: what [`check_parts`] checks and
 /// `managed` lays out.
@@ -376,6 +394,23 @@ fn from_dlpark(e: DlparkError, tensor: &DLTensor) -> ValidationError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_unknown_devices() {
+        for d in [Device::Host, Device::Cuda(0), Device::Cuda(7), Device::Mock(2)] {
+            assert_eq!(Device::from_dlpack(d.to_dlpack()).unwrap(), d);
+        }
+        let vulkan = DLDevice { device_type: DLDeviceType::VULKAN, device_id: 0 };
+        assert!(matches!(
+            Device::from_dlpack(vulkan),
+            Err(ValidationError::UnsupportedDevice { device_type: 7, device_id: 0 })
+        ));
+        let negative = DLDevice::cuda(-1);
+        assert!(matches!(
+            Device::from_dlpack(negative),
+            Err(ValidationError::UnsupportedDevice { device_type: 2, device_id: -1 })
+        ));
+    }
 
     #[test]
     fn compactness_ignores_size_one_and_empty_strides() {

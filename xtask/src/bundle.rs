@@ -14,6 +14,8 @@
 //! To add a package, add a [`Package`] to [`PACKAGES`]: which of its targets to build
 //! and whether it needs the set-up environment (`LIBTORCH`, ...) to build.
 
+mod baseline;
+
 use crate::deps;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -128,7 +130,7 @@ pub(crate) struct Binary {
 }
 
 /// `cargo xtask gpu-bundle [--only <package>]... [--baseline <rev>] [--prev-wheel <file>]`
-/// (for `--baseline`, see `baseline.rs`; `--prev-wheel`: a handoff wheel of an earlier
+/// (for `--baseline`, see `bundle/baseline.rs`; `--prev-wheel`: a handoff wheel of an earlier
 /// commit, which `run.sh` compares this one with in its training A/B).
 pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
     let only: Vec<&str> = args.windows(2).filter(|w| w[0] == "--only").map(|w| w[1].as_str()).collect();
@@ -174,7 +176,7 @@ pub fn gpu_bundle(root: &Path, args: &[String]) -> Result<(), String> {
                 &set_up
             }
         };
-        total += crate::baseline::bundle(root, rev, env, &out)?;
+        total += baseline::bundle(root, rev, env, &out)?;
     }
     if total > LIMIT {
         return Err(format!(

@@ -2,9 +2,11 @@
 //!
 //! - `setup`  install what the adapters need into `.deps/` (reused when present)
 //! - `env`    print the environment variables the build and tests use, as `export` lines
-//! - `test`   setup, then `cargo fmt --check`, clippy (`-D warnings`) and every test, of
-//!   the workspace and of `fuzz/` (its own workspace: the fuzz targets' kept inputs run
-//!   through `fuzz/tests/regressions.rs`)
+//! - `test`   setup, then the layout check, `cargo fmt --check`, clippy (`-D warnings`) and
+//!   every test, of the workspace and of `fuzz/` (its own workspace: the fuzz targets' kept
+//!   inputs run through `fuzz/tests/regressions.rs`)
+//! - `layout` the layout check alone: no module cycle, every source file over 500 lines
+//!   listed, every path docs/ARCHITECTURE.md names present (see layout.rs)
 //! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
 //! - `doctor` setup, then `handoff doctor` built with every adapter: what is registered and
 //!   what was found of libtorch, PJRT and CUDA on this machine
@@ -12,12 +14,12 @@
 //!   toolchain with the `miri` component; not part of `test`)
 //! - `gpu-bundle`  build the GPU tests and benchmarks into `gpu-bundle/` with a `run.sh` (see bundle.rs);
 //!   `--baseline <rev>` adds the host-cost benchmarks built at `rev` and an `ab.sh` that
-//!   runs both builds in turns (see baseline.rs); `--prev-wheel <file>` an earlier Python
+//!   runs both builds in turns (see bundle/baseline.rs); `--prev-wheel <file>` an earlier Python
 //!   wheel for the training A/B
 
-mod baseline;
 mod bundle;
 mod deps;
+mod layout;
 mod python;
 
 use std::path::{Path, PathBuf};
@@ -37,9 +39,10 @@ fn main() -> ExitCode {
         Some("demo") => demo(&root, &args[1..]),
         Some("doctor") => doctor(&root),
         Some("miri") => miri(&root),
+        Some("layout") => layout::check(&root),
         Some("gpu-bundle") => bundle::gpu_bundle(&root, &args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <setup|env|test|demo|doctor|miri|gpu-bundle> [args]");
+            eprintln!("usage: cargo xtask <setup|env|test|layout|demo|doctor|miri|gpu-bundle> [args]");
             return ExitCode::from(2);
         }
     };
@@ -84,6 +87,8 @@ fn test(root: &Path, extra: &[String]) -> Result<(), String> {
     let full = [("CARGO_INCREMENTAL", "0")];
     let cargo = |args: &[&str]| cargo_with(root, &env, &full, args);
     if lint {
+        // What docs/ARCHITECTURE.md says of the layout (cycles, sizes, paths): no build.
+        layout::check(root)?;
         cargo(&["fmt", "--all", "--check"])?;
         cargo(&["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"])?;
         // The API docs, with every warning (a broken link) an error.

@@ -7,7 +7,7 @@
 //! built into its own target directory (`target/baseline`), kept between runs; its
 //! binaries go into `gpu-bundle/baseline/`, beside this build's in `bin/`.
 
-use crate::bundle::{self, Kind, Package};
+use super::{self as bundle, Kind, Package};
 use crate::deps;
 use std::path::Path;
 use std::process::Command;
