@@ -141,6 +141,20 @@ def why_no_cuda(torch, jax, handoff):
 # ---- timing ---------------------------------------------------------------------------
 
 
+def cuda_sleep_cycles_per_ms(torch, stream=None):
+    """GPU clock cycles per ms of ``torch.cuda._sleep``, timed on ``stream`` (a new pool
+    stream, non-blocking, when ``None``): how the GPU checks queue ~50 ms of work."""
+    stream = stream if stream is not None else torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(1_000_000)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        torch.cuda._sleep(20_000_000)
+        e1.record()
+    e1.synchronize()
+    return 20_000_000 / e0.elapsed_time(e1)
+
+
 def device_sync(torch, cuda):
     """What waits for PyTorch's queued work: ``torch.cuda.synchronize`` on CUDA, else a
     no-op."""

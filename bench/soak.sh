@@ -7,7 +7,7 @@
 # - the pipeline demo's soak (`pipeline --device cuda --size 256 --iters 2000
 #   --streams two --seconds S`): tch -> XLA -> tch with an event wait each way, so every
 #   XLA output PyTorch lets go of is released in stream order by the reaper;
-# - the Python exchange's soak (`python/tests/gpu_soak.py S`, the bundled wheel with the
+# - the Python exchange's soak (`bench/gpu_soak.py S`, the bundled wheel with the
 #   machine's torch and JAX): JAX -> PyTorch and PyTorch -> JAX through handoff.ordered
 #   on a pool stream, owners dropped while the consumers' kernels are queued.
 # Every 10 s it samples each process's GPU memory (nvidia-smi) and resident memory
@@ -36,7 +36,7 @@ WHEEL="$(ls "$BUNDLE"/handoff-*.whl | head -n 1)"
 "$BUNDLE/bin/handoff-examples__pipeline" --device cuda --size 256 --iters 2000 --streams two \
   --seconds "$SECS" > "$LOGS/pipeline_soak.log" 2>&1 &
 P_DEMO=$!
-PYTHONPATH="$SITE" "$PY" "$HERE/python/tests/gpu_soak.py" "$SECS" > "$LOGS/python_soak.log" 2>&1 &
+PYTHONPATH="$SITE" "$PY" "$HERE/bench/gpu_soak.py" "$SECS" > "$LOGS/python_soak.log" 2>&1 &
 P_PY=$!
 
 echo "t_s,process,pid,gpu_mib,rss_kib" > "$LOGS/memory.csv"

@@ -732,15 +732,7 @@ def worst_of(errors):
 
 def calibrate(torch):
     """GPU clock cycles for QUEUED_MS of torch.cuda._sleep."""
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(1_000_000)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        torch.cuda._sleep(20_000_000)
-        e1.record()
-    e1.synchronize()
-    return int(20_000_000 / e0.elapsed_time(e1) * QUEUED_MS)
+    return int(harness.cuda_sleep_cycles_per_ms(torch) * QUEUED_MS)
 
 
 def count_sync_warnings(torch, step, n):

@@ -1,6 +1,6 @@
 """Objects that expose only ``__cuda_array_interface__``: what can be checked without a
 GPU (the interface is read and checked before the driver is asked; without a driver a
-clear HandoffError). The GPU path runs in gpu_h200.py."""
+clear HandoffError). The GPU path runs in bench/gpu_exchange_checks.py."""
 
 import pytest
 

@@ -2,7 +2,7 @@
 jaxlib's buffer functions) and the public one (``from_dlpack(handoff.ordered(x))``)
 give the same results, result by result: dtype, shape, strides, values, device, and the
 same error type and message where the producer refuses. On the CPU (JAX and PyTorch's
-CPU builds); the GPU script (``gpu_h200.py``) proves the ordering of each route.
+CPU builds); the GPU script (``bench/gpu_exchange_checks.py``) proves the ordering of each route.
 """
 
 import os

@@ -8,8 +8,8 @@
 //! - `cargo xtask test`: `cargo fmt --check` and clippy (`-D warnings`) of
 //!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy, JAX and
 //!   PyTorch on the CPU; PyTorch from [`TORCH`]).
-//! - `cargo xtask gpu-bundle`: the wheel, the GPU checks (`python/tests/gpu_h200.py`,
-//!   `gpu_training.py`, `bench/cuda_core_consumer.py`), the benchmarks
+//! - `cargo xtask gpu-bundle`: the wheel, the GPU checks (`bench/gpu_exchange_checks.py`,
+//!   `gpu_training_checks.py`, `cuda_core_consumer.py`), the benchmarks
 //!   (`bench/python_host_cost.py`, `dispatch_cost.py`, `profile_step.py`,
 //!   `train_three_way.py` with the wheels of the packages it compares with,
 //!   [`COMPARED`]: jax2torch, torch-jax-interop and what the latter imports) and, with
@@ -69,10 +69,13 @@ pub const TORCH: &[&str] = &[
 const VENV: &str = ".deps/py-venv";
 const MANIFEST: &str = "python/Cargo.toml";
 const WHEELS: &str = "python/target/wheels";
-const GPU_SCRIPT: &str = "python/tests/gpu_h200.py";
+/// Ordering, lifetime and host cost of the exchange on CUDA, per route (bundled as
+/// `python_gpu_h200.py`, step `python_handoff`).
+const GPU_SCRIPT: &str = "bench/gpu_exchange_checks.py";
 /// `handoff.torch_function` on CUDA: float64 gradcheck with the backward on PyTorch's
-/// autograd thread, `None` gradients, strides, misaligned views.
-const GPU_TRAINING_SCRIPT: &str = "python/tests/gpu_training.py";
+/// autograd thread, `None` gradients, strides, misaligned views (bundled as
+/// `python_gpu_training.py`, step `python_gpu_training`).
+const GPU_TRAINING_SCRIPT: &str = "bench/gpu_training_checks.py";
 /// The training comparison (pure PyTorch, jax2torch, torch-jax-interop,
 /// handoff.torch_function, the JAX layer alone).
 const TRAIN_SCRIPT: &str = "bench/train_three_way.py";
@@ -203,6 +206,9 @@ pub fn bundle(root: &Path, out: &Path, prev_wheel: Option<&Path>) -> Result<u64,
         (root.join("bench/cuda_core_consumer.py"), "cuda_core_consumer.py".to_string()),
         // What the scripts above share; they import it from their own folder.
         (root.join("bench/harness.py"), "harness.py".to_string()),
+        // The DLPack structs [`GPU_SCRIPT`] builds its lifetime control with (pytest's
+        // helper in the repository; beside the scripts in the bundle).
+        (root.join("python/tests/dlpack_ctypes.py"), "dlpack_ctypes.py".to_string()),
     ];
     if let Some(prev) = prev_wheel {
         std::fs::create_dir_all(out.join("prev")).map_err(|e| e.to_string())?;

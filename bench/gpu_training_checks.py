@@ -11,34 +11,21 @@ JSON lines, exit 1 on a failed check, ``SKIPPED`` without CUDA):
   as it is): a probe, reported.
 """
 
-import json
-import sys
-
-
-def emit(**f):
-    print(json.dumps(f, default=str), flush=True)
+import harness  # beside this script, in bench/ and in the GPU bundle
+from harness import check, emit
 
 
 def main():
     import torch
 
     if not torch.cuda.is_available():
-        print("SKIPPED: no CUDA device")
-        return 0
+        harness.skip("no CUDA device")
     import jax
     import jax.numpy as jnp
 
     import handoff
 
-    failures = []
-
-    def check(ok, what):
-        if not ok:
-            failures.append(what)
-            print(f"CHECK FAILED: {what}", flush=True)
-
-    emit(figure="env", torch=torch.__version__, jax=jax.__version__, gpu=torch.cuda.get_device_name(0),
-         routes=handoff.routes())
+    harness.env(torch=torch, jax=jax, gpu=torch.cuda.get_device_name(0), routes=handoff.routes())
 
     def ln_gelu_matmul(h, gamma, beta, w):
         mu = h.mean(-1, keepdims=True)
@@ -146,9 +133,6 @@ def main():
                 taken[offset] = f"{type(e).__name__}: {str(e)[:120]}"
         emit(figure="alignment_probe", dtype=str(dtype), element_bytes=size, taken=taken)
 
-    emit(figure="result", ok=not failures, failures=failures)
-    return 1 if failures else 0
-
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run(main)

@@ -52,11 +52,17 @@ Figures:
 import ctypes
 import faulthandler
 import itertools
-import json
 import os
 import statistics
 import sys
 import time
+
+import harness  # beside this script, in bench/ and in the GPU bundle
+from harness import check, emit, skip
+
+# dlpack_ctypes (its DLPack structs): beside this script in the GPU bundle, in
+# python/tests/ (pytest's helper) in the repository.
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python", "tests"))
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 faulthandler.dump_traceback_later(float(os.environ.get("HANDOFF_GPU_TIMEOUT", "480")), exit=True)
@@ -68,69 +74,27 @@ QUEUED_MS = 50.0
 CHURN = 6
 MATRIX = 8192  # bf16 matmuls of MATRIX x MATRIX keep JAX busy
 
-failures = []
-
-
-def emit(**fields):
-    print(json.dumps(fields), flush=True)
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"CHECK FAILED: {what}", flush=True)
-    return ok
-
-
-def skip(reason):
-    print(f"SKIPPED: {reason}", flush=True)
-    sys.exit(1 if os.environ.get("HANDOFF_REQUIRE_GPU") == "1" else 0)
-
 
 def main():
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001
-        skip(f"torch does not import ({e})")
-    if not torch.cuda.is_available():
-        skip("torch sees no CUDA device")
-    try:
-        import jax
-        import jax.dlpack
-        import jax.numpy as jnp
-        from jax import lax
-    except Exception as e:  # noqa: BLE001
-        skip(f"jax does not import ({e})")
-    try:
-        gpus = jax.devices("gpu")
-    except Exception as e:  # noqa: BLE001
-        skip(f"jax has no GPU backend ({e})")
+    torch, jax, jnp = harness.import_frameworks()
     import handoff
 
-    if not handoff.cuda_available():
-        skip("handoff cannot use the CUDA driver")
-
-    emit(
-        figure="env",
-        torch=torch.__version__,
-        jax=jax.__version__,
-        handoff=handoff.__version__,
+    why = harness.why_no_cuda(torch, jax, handoff)
+    if why:
+        skip(why)
+    harness.env(
+        torch=torch,
+        jax=jax,
+        handoff=handoff,
         gpu=torch.cuda.get_device_name(0),
-        jax_device=str(gpus[0]),
-        python=sys.version.split()[0],
+        jax_device=str(jax.devices("gpu")[0]),
+        python=harness.PYTHON,
     )
     start_stats = handoff.stats()
 
     # ---- calibration: ~50 ms of queued work on each side --------------------------
     side = torch.cuda.Stream()  # a pool stream: non-blocking, unlike the legacy default
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(1_000_000)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        torch.cuda._sleep(20_000_000)
-        e1.record()
-    e1.synchronize()
-    cycles_per_ms = 20_000_000 / e0.elapsed_time(e1)
+    cycles_per_ms = harness.cuda_sleep_cycles_per_ms(torch, side)
     sleep_cycles = int(cycles_per_ms * QUEUED_MS)
 
     # JAX's busy work: a chain of matmuls unrolled in one program (all enqueued at once;
@@ -548,38 +512,14 @@ class Relay:
         return self._obj.__dlpack__(stream=self._stream, **kwargs)
 
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-
 _libc = ctypes.CDLL(None)
 _libc.malloc.restype = ctypes.c_void_p
 _libc.malloc.argtypes = [ctypes.c_size_t]
 _FREE = ctypes.cast(_libc.free, ctypes.c_void_p).value
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_DLTENSOR = b"dltensor"  # a capsule's name must outlive it: a module constant
+# Its own prototype: ctypes.pythonapi's functions are shared with dlpack_ctypes, whose
+# argument types differ.
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
 class Unowned:
@@ -597,53 +537,39 @@ class Unowned:
         return self._t.__dlpack_device__()
 
     def __dlpack__(self, stream=None, **_kwargs):
+        import dlpack_ctypes as dl
+
         t, self._t = self._t, None
         assert t.dtype.is_floating_point and t.element_size() == 4 and t.is_cuda
         waited = t.__dlpack__(stream=stream)  # PyTorch's wait; dropped unconsumed: no reference kept
         del waited
         nd = t.dim()
-        head = ctypes.sizeof(_DLManagedTensor)
+        head = ctypes.sizeof(dl.DLManagedTensor)
         p = _libc.malloc(head + 16 * nd)
         dims = (ctypes.c_int64 * (2 * nd)).from_address(p + head)
         dims[:nd] = list(t.shape)
         dims[nd:] = list(t.stride())
-        mt = _DLManagedTensor.from_address(p)
-        mt.dl_tensor = _DLTensor(
+        mt = dl.DLManagedTensor.from_address(p)
+        mt.dl_tensor = dl.DLTensor(
             t.data_ptr(),
-            _DLDevice(2, t.device.index or 0),  # kDLCUDA
+            dl.DLDevice(2, t.device.index or 0),  # kDLCUDA
             nd,
-            _DLDataType(2, 32, 1),  # float32
+            dl.DLDataType(2, 32, 1),  # float32
             ctypes.cast(p + head, ctypes.POINTER(ctypes.c_int64)),
             ctypes.cast(p + head + 8 * nd, ctypes.POINTER(ctypes.c_int64)),
             0,
         )
         mt.manager_ctx = None
-        mt.deleter = _FREE  # JAX calls it when its view dies (a NULL deleter aborts jaxlib)
-        return _capsule_new(p, _DLTENSOR, None)
+        mt.deleter = dl.LEGACY_DELETER(_FREE)  # JAX calls it when its view dies (a NULL deleter aborts jaxlib)
+        return dl.make_capsule(p, versioned=False, destructor=False)
 
 
 def _capsule_flags(capsule):
     """The flags of the DLManagedTensorVersioned in an unconsumed capsule."""
-    import ctypes
+    import dlpack_ctypes as dl
 
-    api = ctypes.pythonapi
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    ptr = api.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
-    # version (8 bytes), manager_ctx (8), deleter (8), then flags (u64).
-    return ctypes.c_uint64.from_address(ptr + 24).value
+    return dl.DLManagedTensorVersioned.from_address(_capsule_pointer(capsule, b"dltensor_versioned")).flags
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit:
-        raise
-    except BaseException as e:  # noqa: BLE001
-        import traceback
-
-        traceback.print_exc()
-        failures.append(f"exception: {e!r}")
-    emit(figure="result", ok=not failures, failures=failures)
-    sys.stdout.flush()
-    sys.exit(1 if failures else 0)
+    harness.run(main)

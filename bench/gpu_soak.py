@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
 """A long run of the Python exchange on a CUDA GPU: memory flat, nothing leaked, no host sync.
 
-Run by ``bench/soak.sh`` from the GPU bundle (the bundled wheel on ``PYTHONPATH``);
-not collected by pytest. ``gpu_soak.py SECONDS`` (default 300) loops, until SECONDS
-have passed, batches of exchanges both ways through ``handoff.ordered`` on a pool
-(non-blocking) PyTorch stream:
+Run by ``bench/soak.sh`` from the GPU bundle (the bundled wheel on ``PYTHONPATH``).
+``gpu_soak.py SECONDS`` (default 300) loops, until SECONDS have passed, batches of
+exchanges both ways through ``handoff.ordered`` on a pool (non-blocking) PyTorch stream:
 
 - JAX -> PyTorch: a jitted JAX producer writes ``k`` into a 1 Mi-element f32 array,
   ``torch.from_dlpack(handoff.ordered(a))``, PyTorch computes ``2 * y`` and compares it
@@ -23,10 +22,12 @@ warm-up (the first fifth of the run). Exit 1 on a failed check; ``SKIPPED: <reas
 without a GPU (exit 1 under ``HANDOFF_REQUIRE_GPU=1``).
 """
 
-import json
 import os
 import sys
 import time
+
+import harness  # beside this script, in bench/ and in the GPU bundle
+from harness import emit
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -36,15 +37,6 @@ SAMPLE_S = 10.0
 MIB = 1 << 20
 
 
-def emit(**fields):
-    print(json.dumps(fields), flush=True)
-
-
-def skip(reason):
-    print(f"SKIPPED: {reason}", flush=True)
-    sys.exit(1 if os.environ.get("HANDOFF_REQUIRE_GPU") == "1" else 0)
-
-
 def resident_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -52,25 +44,15 @@ def resident_bytes():
 
 def main():
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 300.0
-    try:
-        import torch
-        import jax
-        import jax.dlpack
-        import jax.numpy as jnp
-    except Exception as e:  # noqa: BLE001
-        skip(f"torch or jax does not import ({e})")
-    if not torch.cuda.is_available():
-        skip("torch sees no CUDA device")
-    try:
-        gpu = jax.devices("gpu")[0]
-    except Exception as e:  # noqa: BLE001
-        skip(f"jax has no GPU backend ({e})")
+    torch, jax, jnp = harness.import_frameworks()
     import handoff
 
-    if not handoff.cuda_available():
-        skip("handoff cannot use the CUDA driver")
-    emit(figure="env", torch=torch.__version__, jax=jax.__version__, handoff=handoff.__version__,
-         gpu=torch.cuda.get_device_name(0), seconds=seconds, batch=BATCH, elements=N)
+    why = harness.why_no_cuda(torch, jax, handoff)
+    if why:
+        harness.skip(why)
+    gpu = jax.devices("gpu")[0]
+    harness.env(torch=torch, jax=jax, handoff=handoff, gpu=torch.cuda.get_device_name(0), seconds=seconds,
+                batch=BATCH, elements=N)
 
     produce = jax.jit(lambda k: jnp.full((N,), k, jnp.float32))
     count_wrong = jax.jit(lambda x, k: jnp.sum(x * 2.0 != 2.0 * k).astype(jnp.int32))
