@@ -1,6 +1,8 @@
 //! [`Dims`]: a few `i64`s (a shape, strides, or both) kept inline when they fit, so
 //! that describing or viewing a tensor of the usual ranks allocates nothing.
 
+use smallvec::SmallVec;
+
 /// Up to [`Dims::INLINE`] values inline, more on the heap; reads as a `&[i64]`.
 ///
 /// ```
@@ -9,14 +11,8 @@
 /// assert_eq!(&d[..], &[2, 3]);
 /// assert_eq!(&Dims::from(&[1i64; 20][..])[..], &[1; 20]);
 /// ```
-#[derive(Clone)]
-pub struct Dims(Repr);
-
-#[derive(Clone)]
-enum Repr {
-    Inline { len: u8, values: [i64; Dims::INLINE] },
-    Heap(Vec<i64>),
-}
+#[derive(Clone, PartialEq, Eq)]
+pub struct Dims(SmallVec<[i64; Dims::INLINE]>);
 
 impl Dims {
     /// How many values are kept without an allocation (a rank-4 shape and its strides).
@@ -25,39 +21,36 @@ impl Dims {
 
 impl From<&[i64]> for Dims {
     fn from(values: &[i64]) -> Dims {
-        if values.len() <= Dims::INLINE {
-            // Filled where it is returned: an array filled first and then moved in
-            // would be read back from stores just made, which stalls.
-            let mut dims = Dims(Repr::Inline { len: values.len() as u8, values: [0; Dims::INLINE] });
-            if let Repr::Inline { values: inline, .. } = &mut dims.0 {
-                inline[..values.len()].copy_from_slice(values);
-            }
-            dims
-        } else {
-            Dims(Repr::Heap(values.to_vec()))
-        }
+        Dims(SmallVec::from_slice(values))
     }
 }
 
 impl std::ops::Deref for Dims {
     type Target = [i64];
     fn deref(&self) -> &[i64] {
-        match &self.0 {
-            Repr::Inline { len, values } => &values[..*len as usize],
-            Repr::Heap(v) => v,
-        }
+        &self.0
     }
 }
 
 impl std::fmt::Debug for Dims {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
+        self.0.fmt(f)
     }
 }
 
-impl PartialEq for Dims {
-    fn eq(&self, other: &Dims) -> bool {
-        self[..] == other[..]
+#[cfg(test)]
+mod tests {
+    use super::Dims;
+
+    #[test]
+    fn dims_stay_inline_up_to_eight_values() {
+        for n in [0usize, 1, Dims::INLINE, Dims::INLINE + 1, 20] {
+            let values: Vec<i64> = (0..n as i64).collect();
+            let dims = Dims::from(&values[..]);
+            assert_eq!(&dims[..], &values[..]);
+            assert_eq!(dims.0.spilled(), n > Dims::INLINE, "n = {n}");
+            assert_eq!(format!("{dims:?}"), format!("{values:?}"));
+        }
+        assert_eq!(size_of::<Dims>(), 72);
     }
 }
-impl Eq for Dims {}

@@ -3,6 +3,7 @@
 use super::{Api, copied};
 use crate::error::Result;
 use crate::sys;
+use smallvec::SmallVec;
 use std::ffi::c_int;
 use std::ptr::null_mut;
 
@@ -159,10 +160,7 @@ pub(crate) unsafe fn execute(
 /// The raw buffer handles of one execution's argument or output list: up to
 /// [`RawList::INLINE`] on the stack, more on the heap, so that a call of a kernel of a
 /// few inputs and outputs allocates no list.
-pub(crate) enum RawList {
-    Inline { len: usize, items: [*mut sys::PJRT_Buffer; RawList::INLINE] },
-    Heap(Vec<*mut sys::PJRT_Buffer>),
-}
+pub(crate) struct RawList(SmallVec<[*mut sys::PJRT_Buffer; RawList::INLINE]>);
 
 impl RawList {
     /// How many handles are kept without an allocation.
@@ -170,47 +168,22 @@ impl RawList {
 
     /// `n` null handles (an output list for PJRT to fill).
     pub(crate) fn nulls(n: usize) -> RawList {
-        if n <= RawList::INLINE {
-            RawList::Inline { len: n, items: [null_mut(); RawList::INLINE] }
-        } else {
-            RawList::Heap(vec![null_mut(); n])
-        }
+        RawList(smallvec::smallvec![null_mut(); n])
     }
 
     /// The handles `handles` yields, in order.
     pub(crate) fn of(handles: impl IntoIterator<Item = *mut sys::PJRT_Buffer>) -> RawList {
-        let mut list = RawList::nulls(0);
-        for h in handles {
-            match &mut list {
-                RawList::Inline { len, items } if *len < RawList::INLINE => {
-                    items[*len] = h;
-                    *len += 1;
-                }
-                RawList::Inline { len, items } => {
-                    let mut heap = items[..*len].to_vec();
-                    heap.push(h);
-                    list = RawList::Heap(heap);
-                }
-                RawList::Heap(heap) => heap.push(h),
-            }
-        }
-        list
+        RawList(handles.into_iter().collect())
     }
 
     /// The handles.
     pub(crate) fn as_slice(&self) -> &[*mut sys::PJRT_Buffer] {
-        match self {
-            RawList::Inline { len, items } => &items[..*len],
-            RawList::Heap(v) => v,
-        }
+        &self.0
     }
 
     /// The handles, to fill.
     pub(crate) fn as_mut_slice(&mut self) -> &mut [*mut sys::PJRT_Buffer] {
-        match self {
-            RawList::Inline { len, items } => &mut items[..*len],
-            RawList::Heap(v) => v,
-        }
+        &mut self.0
     }
 }
 
@@ -234,7 +207,7 @@ mod tests {
             let handles: Vec<*mut sys::PJRT_Buffer> = (1..=n).map(|i| i as *mut sys::PJRT_Buffer).collect();
             let list = RawList::of(handles.iter().copied());
             assert_eq!(list.as_slice(), &handles[..], "n = {n}");
-            assert_eq!(matches!(list, RawList::Inline { .. }), n <= RawList::INLINE, "n = {n}");
+            assert_eq!(list.0.spilled(), n > RawList::INLINE, "n = {n}");
             assert!(RawList::nulls(n).as_slice().iter().all(|h| h.is_null()));
             assert_eq!(RawList::nulls(n).as_slice().len(), n);
             assert_eq!(&all_positions(n)[..], &(0..n as i64).collect::<Vec<_>>()[..]);
