@@ -205,7 +205,7 @@ fn copy_for_xla<'py>(t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     };
     let numel: u64 = dense.call_method0(intern!(py, "numel"))?.extract()?;
     let size: u64 = dense.call_method0(intern!(py, "element_size"))?.extract()?;
-    handoff_runtime::__private::counted_copy(numel * size);
+    handoff_runtime::stats::count_copy(numel * size);
     Ok(dense)
 }
 
@@ -336,7 +336,7 @@ fn count_jax_copy(array: &Bound<'_, PyAny>, source: usize) -> PyResult<()> {
     }
     let at: usize = array.call_method0(intern!(py, "unsafe_buffer_pointer"))?.extract()?;
     if at != source {
-        handoff_runtime::__private::counted_copy(bytes);
+        handoff_runtime::stats::count_copy(bytes);
     }
     Ok(())
 }

@@ -70,5 +70,4 @@ pub mod ffi {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::derive_support::{describe, expect_compact, expect_dtype, received};
-    pub use crate::stats::adapter_counts::*;
 }

@@ -266,6 +266,46 @@ pub fn measure<R>(f: impl FnOnce() -> R) -> (R, Stats) {
     (r, thread_stats().since(&before))
 }
 
+// What an adapter counts itself, where the runtime cannot see the event: an import that
+// does not go through `Handoff::import`, a wait a framework's own call enqueues, a copy.
+
+/// Counts one import an adapter made without [`Handoff::import`](crate::Handoff::import)
+/// (a framework's own call took the memory in). Adapters call it; users read
+/// [`Stats::imports`].
+///
+/// ```
+/// use handoff_runtime::stats;
+/// let (_, d) = stats::measure(stats::count_import);
+/// assert_eq!(d.imports, 1);
+/// ```
+pub fn count_import() {
+    count(Counter::Imports, 1);
+}
+
+/// Counts one wait on a consumer stream that a framework's own call enqueued (for an
+/// adapter whose framework orders the hand-off itself).
+pub fn count_wait_enqueued() {
+    count(Counter::WaitsEnqueued, 1);
+}
+
+/// Counts one wait an adapter found unnecessary (producer and consumer on one stream).
+pub fn count_wait_elided() {
+    count(Counter::WaitsElided, 1);
+}
+
+/// Counts one copy of `bytes` bytes an adapter made (where the protocol allows one: it
+/// was asked for, or the consumer's own convention copies).
+///
+/// ```
+/// use handoff_runtime::stats;
+/// let (_, d) = stats::measure(|| stats::count_copy(1024));
+/// assert_eq!((d.copies, d.bytes_copied), (1, 1024));
+/// ```
+pub fn count_copy(bytes: u64) {
+    count(Counter::Copies, 1);
+    count(Counter::BytesCopied, bytes);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,33 +338,5 @@ mod tests {
         // to `ended`.
         assert!(block.upgrade().is_none(), "the ended thread's block is still registered");
         assert!(stats().bytes_copied - before >= 1 << 40);
-    }
-}
-
-/// The counts handoff's adapters make where the runtime cannot see the event (an
-/// import that does not go through `Handoff::import`, a wait PJRT enqueues, a copy).
-/// Reached through the hidden `handoff_runtime::__private`: not public API.
-pub(crate) mod adapter_counts {
-    use super::{Counter, count};
-
-    /// One import.
-    pub fn counted_import() {
-        count(Counter::Imports, 1);
-    }
-
-    /// One wait enqueued on a consumer stream by a framework's own call.
-    pub fn counted_wait_enqueued() {
-        count(Counter::WaitsEnqueued, 1);
-    }
-
-    /// One wait found unnecessary.
-    pub fn counted_wait_elided() {
-        count(Counter::WaitsElided, 1);
-    }
-
-    /// One copy of `bytes` bytes.
-    pub fn counted_copy(bytes: u64) {
-        count(Counter::Copies, 1);
-        count(Counter::BytesCopied, bytes);
     }
 }

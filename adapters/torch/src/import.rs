@@ -56,7 +56,7 @@ pub fn import(handoff: Handoff) -> Result<tch::Tensor> {
 /// carry `READ_ONLY`: exported again it is writable; use [`TorchTensor::import_with`](crate::TorchTensor::import_with)
 /// to keep the flag.
 pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<tch::Tensor> {
-    handoff_runtime::__private::counted_import();
+    handoff_runtime::stats::count_import();
     let (tensor, _) = view(handoff, options)?;
     Ok(tensor)
 }

@@ -83,7 +83,7 @@ impl TorchTensor {
     /// assert!(t.export(&Stream::host()).unwrap().is_read_only());
     /// ```
     pub fn import_with(handoff: Handoff, options: &ImportOptions) -> Result<TorchTensor> {
-        handoff_runtime::__private::counted_import();
+        handoff_runtime::stats::count_import();
         let (device, read_only) = (handoff.device(), handoff.is_read_only());
         let (tensor, stream) = view(handoff, options)?;
         Ok(TorchTensor { tensor, device, stream, described: None, read_only })

@@ -148,7 +148,7 @@ impl Aligned {
         // SAFETY: `src` holds `len` readable bytes (a validated host hand-off) and
         // `ptr` has room for them; they do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src, ptr, len) };
-        handoff_runtime::__private::counted_copy(len as u64);
+        handoff_runtime::stats::count_copy(len as u64);
         Ok(Aligned { ptr, layout })
     }
 }
@@ -316,7 +316,7 @@ pub(crate) fn import(client: &Client, handoff: Handoff, options: ViewOptions) ->
         Viewable::Handoff(v) => v.into_buffer(client),
         Viewable::Copy(v) => v.into_buffer(client),
     }?;
-    handoff_runtime::__private::counted_import();
+    handoff_runtime::stats::count_import();
     Ok(buffer)
 }
 
@@ -540,7 +540,7 @@ fn ready_on(
             let stream = consumer_raw(consumer, client, device)?;
             // SAFETY: this plugin's extension, a live buffer and a stream of its device.
             unsafe { result::stream::wait_until_buffer_ready_on_stream(api, ext, raw, stream as isize)? };
-            handoff_runtime::__private::counted_wait_enqueued();
+            handoff_runtime::stats::count_wait_enqueued();
             Ok(Ready::Waited)
         }
         None => {
@@ -554,7 +554,7 @@ fn ready_on(
             let ev = unsafe { ready_event_of(api, raw) }?;
             match ev.status()? {
                 Some(status) => {
-                    handoff_runtime::__private::counted_wait_elided();
+                    handoff_runtime::stats::count_wait_elided();
                     status?;
                     Ok(Ready::Elided)
                 }

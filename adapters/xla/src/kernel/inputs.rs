@@ -99,7 +99,7 @@ impl Inputs<'_> {
             Viewable::Handoff(v) => Input::View(v.into_raw_view(&k.client)?.raw),
             Viewable::Copy(v) => Input::Shared(v.into_buffer(&k.client)?),
         };
-        handoff_runtime::__private::counted_import();
+        handoff_runtime::stats::count_import();
         self.buffers.push(input);
         Ok(())
     }
