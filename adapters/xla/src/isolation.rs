@@ -34,12 +34,14 @@
 use crate::client::Client;
 use crate::error::{Result, XlaError};
 use crate::executable::CompileOptions;
+use crate::kernel::{Kernel, Source};
 
+mod child;
 mod disk;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -160,6 +162,44 @@ impl Default for Isolation {
     }
 }
 
+// Loading from untrusted bytes: each load is checked here first, then compiled in-process.
+impl Kernel {
+    /// Loads and compiles a kernel file (see [`Source::from_file`]) for the client's
+    /// first device.
+    pub fn load(client: &Client, path: impl AsRef<Path>) -> Result<Kernel> {
+        Kernel::load_with(client, path, &LoadOptions::default())
+    }
+
+    /// [`Kernel::load`] with options: [`LoadOptions::trusted`] compiles in this process
+    /// only, for files the program trusts.
+    ///
+    /// ```no_run
+    /// use handoff_xla::{Client, Kernel, LoadOptions};
+    /// let client = Client::from_env()?;
+    /// let path = "adapters/xla/programs/ln_gelu_f32_8x16_cpu.jaxexport";
+    /// let k = Kernel::load_with(&client, path, &LoadOptions::default().memory_limit(2 << 30))?;
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn load_with(client: &Client, path: impl AsRef<Path>, options: &LoadOptions) -> Result<Kernel> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path)
+            .map_err(|e| XlaError::invalid("kernel path", path.display(), e.to_string()))?;
+        // What handoff checks itself (format, emptiness) is refused before any child runs.
+        let source = Source::read_from(path, bytes.clone())?;
+        check(client, &bytes, &path.display().to_string(), options)?;
+        Kernel::compile(client, source, &options.compile)
+    }
+
+    /// A kernel from bytes the program does not trust (StableHLO text or bytecode, or a
+    /// `jax.export` artifact, recognized as [`Source::from_bytes`] does), checked first
+    /// in a child process as [`Kernel::load`] checks a file.
+    pub fn load_bytes(client: &Client, bytes: Vec<u8>, options: &LoadOptions) -> Result<Kernel> {
+        let source = Source::from_bytes(bytes.clone(), None)?;
+        check(client, &bytes, &format!("kernel bytes ({} bytes)", bytes.len()), options)?;
+        Kernel::compile(client, source, &options.compile)
+    }
+}
+
 /// Checks `bytes` (a StableHLO module or a `jax.export` artifact, named `name` in
 /// errors) in a child process with `client`'s plugin, as `options` say. `Ok` when the
 /// child compiled them (and an artifact's VJP); an error naming `name` otherwise.
@@ -168,7 +208,7 @@ pub(crate) fn check(client: &Client, bytes: &[u8], name: &str, options: &LoadOpt
         return Ok(());
     };
     // Keeps the hook (and with it the child) in every program that reaches this.
-    std::hint::black_box(&CHILD_HOOK);
+    std::hint::black_box(&child::CHILD_HOOK);
     let plugin = client.plugin().path().to_path_buf();
     let device = options.compile.device.unwrap_or(0);
     // The limits too: a child that ran out of time or memory says nothing of other limits.
@@ -397,70 +437,5 @@ fn signal_name(sig: i32) -> &'static str {
         libc::SIGKILL => "SIGKILL",
         libc::SIGTRAP => "SIGTRAP",
         _ => "?",
-    }
-}
-
-// The child's entry: in `.init_array`, so it runs before `main` in every program that
-// links the isolated loader (kept there by `check`'s reference to it). Sound there: it
-// runs after the C runtime and libc are set up (as every `.init_array` entry does) and
-// returns at once unless `CHILD_ENV` is set; a child never returns to `main`.
-#[used]
-#[unsafe(link_section = ".init_array")]
-static CHILD_HOOK: extern "C" fn() = child_hook;
-
-extern "C" fn child_hook() {
-    let Some(device) = std::env::var_os(CHILD_ENV) else { return };
-    let code = std::panic::catch_unwind(|| child_main(&device.to_string_lossy())).unwrap_or(101);
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().flush();
-    std::process::exit(code);
-}
-
-/// Reads the bytes on standard input and compiles them (and an artifact's VJP) with the
-/// plugin in [`PLUGIN_VAR`] for `device`: 0 when they compiled, [`REFUSED`] with the
-/// plugin's error on standard error ([`NO_CLIENT`] when the plugin gave no client).
-fn child_main(device: &str) -> i32 {
-    println!("{HANDSHAKE}");
-    let _ = std::io::stdout().flush();
-    let fail = |code: i32, e: XlaError| {
-        eprintln!("{e}");
-        code
-    };
-    let client = (|| -> Result<(Client, usize, Vec<u8>)> {
-        let device: usize =
-            device.parse().map_err(|_| XlaError::invalid(CHILD_ENV, device, "not a device index"))?;
-        let plugin = std::env::var_os(PLUGIN_VAR)
-            .ok_or_else(|| XlaError::invalid(PLUGIN_VAR, "unset", "the plugin to load"))?;
-        let mut bytes = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut bytes)
-            .map_err(|e| XlaError::invalid("standard input", "unreadable", e.to_string()))?;
-        let plugin = crate::Plugin::load(PathBuf::from(plugin))?;
-        // A CUDA child takes GPU memory as it needs it, not most of the GPU at once.
-        let options = if plugin.is_gpu() {
-            crate::ClientOptions::default().preallocate(false)
-        } else {
-            crate::ClientOptions::default()
-        };
-        Ok((Client::new(plugin, &options)?, device, bytes))
-    })();
-    let (client, device, bytes) = match client {
-        Ok(c) => c,
-        Err(e) => return fail(NO_CLIENT, e),
-    };
-    let compiled = (|| -> Result<()> {
-        let source = crate::Source::from_bytes(bytes, None)?;
-        let kernel = crate::Kernel::compile(&client, source, &CompileOptions { device: Some(device) })?;
-        if kernel.has_vjp() {
-            kernel.vjp()?;
-        }
-        Ok(())
-    })();
-    match compiled {
-        Ok(()) => {
-            println!("compiled");
-            0
-        }
-        Err(e) => fail(REFUSED, e),
     }
 }

@@ -32,7 +32,6 @@ use crate::error::{Result, XlaError};
 use crate::executable::{CompileOptions, Executable, Program, list};
 use crate::few::Few;
 use crate::hlo::ArraySpec;
-use crate::isolation::{self, LoadOptions};
 use crate::result::executable::{RawList, all_positions};
 use handoff_runtime::{Exportable, Stream};
 use std::path::Path;
@@ -137,7 +136,7 @@ impl Source {
     }
 
     /// What `bytes`, read from the file at `path`, hold (see [`Source::from_file`]).
-    fn read_from(path: &Path, bytes: Vec<u8>) -> Result<Source> {
+    pub(crate) fn read_from(path: &Path, bytes: Vec<u8>) -> Result<Source> {
         match path.extension().and_then(|e| e.to_str()) {
             Some("mlir") | Some("mlirbc") => return Ok(Source::Program(Program::read_from(path, bytes)?)),
             _ => {}
@@ -267,41 +266,6 @@ impl CallOptions {
 }
 
 impl Kernel {
-    /// Loads and compiles a kernel file (see [`Source::from_file`]) for the client's
-    /// first device.
-    pub fn load(client: &Client, path: impl AsRef<Path>) -> Result<Kernel> {
-        Kernel::load_with(client, path, &LoadOptions::default())
-    }
-
-    /// [`Kernel::load`] with options: [`LoadOptions::trusted`] compiles in this process
-    /// only, for files the program trusts.
-    ///
-    /// ```no_run
-    /// use handoff_xla::{Client, Kernel, LoadOptions};
-    /// let client = Client::from_env()?;
-    /// let path = "adapters/xla/programs/ln_gelu_f32_8x16_cpu.jaxexport";
-    /// let k = Kernel::load_with(&client, path, &LoadOptions::default().memory_limit(2 << 30))?;
-    /// # Ok::<(), handoff_xla::XlaError>(())
-    /// ```
-    pub fn load_with(client: &Client, path: impl AsRef<Path>, options: &LoadOptions) -> Result<Kernel> {
-        let path = path.as_ref();
-        let bytes = std::fs::read(path)
-            .map_err(|e| XlaError::invalid("kernel path", path.display(), e.to_string()))?;
-        // What handoff checks itself (format, emptiness) is refused before any child runs.
-        let source = Source::read_from(path, bytes.clone())?;
-        isolation::check(client, &bytes, &path.display().to_string(), options)?;
-        Kernel::compile(client, source, &options.compile)
-    }
-
-    /// A kernel from bytes the program does not trust (StableHLO text or bytecode, or a
-    /// `jax.export` artifact, recognized as [`Source::from_bytes`] does), checked first
-    /// in a child process as [`Kernel::load`] checks a file.
-    pub fn load_bytes(client: &Client, bytes: Vec<u8>, options: &LoadOptions) -> Result<Kernel> {
-        let source = Source::from_bytes(bytes.clone(), None)?;
-        isolation::check(client, &bytes, &format!("kernel bytes ({} bytes)", bytes.len()), options)?;
-        Kernel::compile(client, source, &options.compile)
-    }
-
     /// Compiles a program or artifact with options (the device to run on).
     ///
     /// An artifact must have been exported for the client's platform; one exported
