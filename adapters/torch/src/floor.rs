@@ -1,7 +1,8 @@
 //! The bare shim calls of a hand-off, with nothing of handoff around them: what a
 //! perfect PyTorch adapter could not avoid. The host-cost benchmark
 //! (`examples/benches/pipeline_gpu.rs`) times them beside handoff's own paths and
-//! prints handoff's share above them. Not part of the API (hidden, unstable).
+//! prints handoff's share above them. Only with the `bench-internals` feature: not part of
+//! the API (hidden, unstable).
 
 use crate::error::TorchError;
 use crate::{dtype, ffi, init};

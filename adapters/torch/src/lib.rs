@@ -41,6 +41,7 @@ pub mod cuda;
 mod dtype;
 mod error;
 mod ffi;
+#[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod floor;
 

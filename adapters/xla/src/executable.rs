@@ -427,7 +427,8 @@ impl Executable {
         Some(*self.output_device.get_or_init(|| index))
     }
 
-    /// The raw handle (owned by `self`).
+    /// The raw handle (owned by `self`), for the bare calls of `floor`.
+    #[cfg(feature = "bench-internals")]
     pub(crate) fn raw(&self) -> *mut sys::PJRT_LoadedExecutable {
         self.raw
     }

@@ -1,7 +1,8 @@
 //! The bare PJRT calls of a hand-off and of a kernel call, with nothing of handoff
 //! around them: what a perfect adapter could not avoid. The host-cost benchmark
 //! (`examples/benches/pipeline_gpu.rs`) times them beside handoff's own paths and
-//! prints handoff's share above them. Not part of the API (hidden, unstable).
+//! prints handoff's share above them. Only with the `bench-internals` feature: not part of
+//! the API (hidden, unstable).
 
 use crate::client::{Client, XlaDevice};
 use crate::dtype;

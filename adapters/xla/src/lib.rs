@@ -42,6 +42,7 @@ mod error;
 pub mod exchange;
 mod executable;
 mod few;
+#[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod floor;
 pub mod hlo;
