@@ -679,8 +679,8 @@ mod tests {
         let here = Stream::new(backend.clone(), 2);
         let b = backend.clone();
         let there = std::thread::spawn(move || Stream::new(b, 2)).join().unwrap();
-        // Before: equal and hashed alike, so a hand-off between the two threads'
-        // streams elided its wait. Now two streams.
+        // Two streams: equal and hashed alike, a hand-off between the two threads'
+        // streams would elide its wait.
         assert_ne!(here, there);
         assert_eq!(here, Stream::new(backend.clone(), 2));
         assert!(here.is_usable_here() && !there.is_usable_here());

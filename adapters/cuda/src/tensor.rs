@@ -12,9 +12,9 @@ use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
 
 /// The tensor is kept within 128 bytes, which the compiler moves inline: a larger one
-/// is moved by a call to `memmove` at each step of a hand-off (on the CPU, 8-17 ns
-/// more per hand-off at 136-152 bytes than at 112-128), so the two slices, which a
-/// hand-off never reads, are boxed.
+/// is moved by a call to `memmove` at each step of a hand-off, so the two slices,
+/// which a hand-off never reads, are boxed (kept: the same-stream figures of
+/// `adapters/cuda/benches/handoff_cuda.rs`; figures in `docs/PERFORMANCE.md`).
 enum Storage<T> {
     /// Memory this tensor owns (freed by cudarc, on `release`, when dropped).
     Owned {

@@ -105,7 +105,7 @@ fn module_name(code: &[u8]) -> Option<String> {
 #[cfg(test)]
 #[test]
 fn a_module_without_a_bare_name_keeps_the_default_name() {
-    // Found by the `stablehlo` fuzz target: `module @>` was named "" (errors then named no program).
+    // From the `stablehlo` fuzz target: `module @>` must not be named "" (errors would name no program).
     for (text, name) in [
         ("module @> {}", "module"),
         ("module @\"quoted\" {}", "module"),

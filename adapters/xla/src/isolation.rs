@@ -17,12 +17,12 @@
 //! preallocating the GPU's memory) and compiles the module, and an artifact's VJP
 //! module, for the same device: a full compile, since a plugin can fail anywhere from
 //! parsing to code generation (on the GPU without autotuning, which would run every
-//! candidate kernel to choose among kernels the child throws away: 5.9 s instead of
-//! 9.3 s for an artifact and its VJP on an H100, BENCHMARKS.md). It runs under a time limit (the caller kills it) and a
-//! memory limit (`RLIMIT_DATA`, which counts the heap but not the CUDA driver's address
-//! reservations, which `RLIMIT_AS` would), with glibc's heap consistency checks on
-//! (`glibc.malloc.check=3` through `libc_malloc_debug.so` when the system has it, and
-//! `MALLOC_PERTURB_`), so that heap corruption aborts there rather than passing quietly.
+//! candidate kernel to choose among kernels the child throws away). It runs under a
+//! time limit (the caller kills it) and a memory limit (`RLIMIT_DATA`, which counts
+//! the heap but not the CUDA driver's address reservations, which `RLIMIT_AS` would),
+//! with glibc's heap consistency checks on (`glibc.malloc.check=3` through
+//! `libc_malloc_debug.so` when the system has it, and `MALLOC_PERTURB_`), so that heap
+//! corruption aborts there rather than passing quietly.
 //! No core file is written.
 //!
 //! Verdicts are kept for the life of the process, keyed by the bytes, the plugin (path
@@ -115,8 +115,8 @@ impl LoadOptions {
 
     /// Keeps passes in `dir` for the processes that come after (created when missing):
     /// a file that passed there is not checked again with the same plugin, device and
-    /// limits. Worth it where a process starts often: a CUDA child costs about a second
-    /// for a small module, six for an artifact and its VJP (BENCHMARKS.md).
+    /// limits. Worth it where a process starts often: a CUDA child takes seconds per
+    /// file, the most for an artifact and its VJP (BENCHMARKS.md, "isolated load").
     ///
     /// ```
     /// let dir = std::env::temp_dir().join("handoff-verdicts");

@@ -7,8 +7,8 @@
 //! releases cost one query per stream per sweep), and gives what is done back to the
 //! thread that made the hand-off, which drops it at its next release (see
 //! [`take_returns`]; a keep-alive that waits there longer than [`STALE`] is dropped by
-//! the background thread). It asks with no lock held, and rarely: sweeping every few
-//! microseconds, as it did, slowed the calling threads' own CUDA and PJRT calls.
+//! the background thread). It asks with no lock held, and rarely: its queries run in
+//! the CUDA driver beside the calling threads' own CUDA and PJRT calls, and slow them.
 //! A hand-off dropped on another thread than the one that made it (PJRT lets go of a
 //! view on its own thread) goes back the same way, whole: its DLPack tensor, its
 //! context and its keep-alive are all freed on the thread that allocated them, and
@@ -81,8 +81,9 @@ const LINGER: Duration = Duration::from_millis(200);
 /// The shortest time between two sweeps of the background thread, so a release
 /// happens up to this long after the work before it completed (up to `MAX_POLL`,
 /// 500 µs, once releases pause). Sweeping more often slows the threads that make
-/// hand-offs: beside sweeps every 5 µs, releasing two hand-offs and a PJRT execution
-/// each took about 1 µs more host time on the H200. The environment variable
+/// hand-offs, whose calls run in the driver beside the sweep's queries (kept: the
+/// `releasing both` and `execute alone` rows of `examples/benches/pipeline_gpu.rs`;
+/// figures in `docs/PERFORMANCE.md`). The environment variable
 /// `HANDOFF_REAPER_POLL_US` (microseconds, read once) sets another.
 pub const MIN_POLL: Duration = Duration::from_micros(200);
 

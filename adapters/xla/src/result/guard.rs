@@ -13,10 +13,9 @@
 //! may have half made (a handle the call did not return is not handoff's to destroy).
 //!
 //! Cost: one call through a C function that is not inlined (zero-cost exception
-//! tables: nothing runs on the path that returns). Measured on the shared 2-core
-//! development machine with a PJRT-shaped function that does nothing (test
-//! `guard_cost`, release): 14-21 ns guarded against 5-10 ns direct per call, about
-//! 8 ns more, beside PJRT calls of 0.2 µs (an event query) to 12 µs (a buffer view).
+//! tables: nothing runs on the path that returns), small beside the PJRT calls it
+//! wraps. The ignored test `guard_cost` times it against a direct call of a
+//! PJRT-shaped function that does nothing (figures in `docs/PERFORMANCE.md`).
 
 use crate::error::XlaError;
 use crate::sys;
