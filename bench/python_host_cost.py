@@ -19,11 +19,16 @@ Variants, each on the same ``--size``² f32 tensor (256² by default):
   ``torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(a, stream=s))``
 
 The route is switched with ``handoff._handoff._set_route("auto" | "public")`` before each
-call of the two route variants, outside the clock. A wheel without ``handoff.routes()``
-has one route, the public one: ``native`` is then ``null`` and ``public`` is its
-``handoff.to_jax``/``to_torch`` (so the script also runs with older wheels, for A/B).
-``native`` is ``null`` too where ``routes()`` says a direction is not native here (its
-``reasons`` are printed) or ``HANDOFF_ROUTE=public`` is set.
+call of the two route variants, outside the clock. ``_set_route`` is a test seam: only a
+wheel built with the cargo feature ``test-hooks`` has it (the one ``cargo xtask
+gpu-bundle`` runs this script with). A wheel without it (as users get it) has its
+process's route only, the one ``routes()`` names: that variant is measured and the
+other is ``null`` (``HANDOFF_ROUTE=public`` makes it the public one). A wheel without
+``handoff.routes()`` has one route, the public one: ``native`` is then ``null`` and
+``public`` is its ``handoff.to_jax``/``to_torch`` (so the script also runs with older
+wheels, for A/B). ``native`` is ``null`` too where ``routes()`` says a direction is not
+native here (its ``reasons`` are printed) or ``HANDOFF_ROUTE=public`` is set. The env
+line's ``set_route`` says whether this wheel has the seam.
 
 Stream values as the frameworks pass them: ``s`` is the JAX device's
 ``get_stream_for_external_ready_events()`` (torch -> JAX) or PyTorch's current stream
@@ -162,19 +167,22 @@ def main():
     to_capsule = getattr(_jax, "buffer_to_dlpack_managed_tensor", None)
     torch_from_capsule = getattr(torch._C, "_from_dlpack", None)
 
-    # Routes: native where this wheel has it and says so, public always.
+    # Routes: native where this wheel has it and says so; public where this wheel can
+    # switch to it (the test seam _set_route), where routes() says it is the process's
+    # route, or where the wheel has no routes() (an older wheel: its only route).
     set_route = getattr(_handoff, "_set_route", None)
     routes_fn = getattr(handoff, "routes", None)
     initial_route = "public" if os.environ.get("HANDOFF_ROUTE") == "public" else "auto"
-    if set_route is not None and routes_fn is not None:
+    if routes_fn is None:
+        set_route = None
+    elif set_route is not None:
         set_route(initial_route)
-        routes = routes_fn()
-    else:
-        routes = None
+    routes = routes_fn() if routes_fn is not None else None
     native = {
         "torch->jax": routes is not None and routes.get("torch_to_jax") == "native",
         "jax->torch": routes is not None and routes.get("jax_to_torch") == "native",
     }
+    public = {d: set_route is not None or not native[d] for d in native}
 
     n = args.size
     t = torch.arange(n * n, dtype=torch.float32, device=device).reshape(n, n)
@@ -206,6 +214,7 @@ def main():
         batch=args.batch,
         routes=routes,
         route_env=os.environ.get("HANDOFF_ROUTE"),
+        set_route=set_route is not None,
     )
 
     # ---- the variants ------------------------------------------------------------------
@@ -243,14 +252,14 @@ def main():
             "plain": (None, lambda: jax_from_dlpack(t)),
             "ordered": (None, lambda: jax_from_dlpack(ordered(t))),
             "native": (route("auto"), lambda: to_jax(t)) if native["torch->jax"] else None,
-            "public": (route("public"), lambda: to_jax(t)),
+            "public": (route("public"), lambda: to_jax(t)) if public["torch->jax"] else None,
             "framework": (None, jax_framework) if jax_framework is not None else None,
         },
         "jax->torch": {
             "plain": (None, lambda: torch_from_dlpack(x)),
             "ordered": (None, lambda: torch_from_dlpack(ordered(x))),
             "native": (route("auto"), lambda: to_torch(x)) if native["jax->torch"] else None,
-            "public": (route("public"), lambda: to_torch(x)),
+            "public": (route("public"), lambda: to_torch(x)) if public["jax->torch"] else None,
             "framework": (None, torch_framework) if to_capsule is not None and torch_from_capsule else None,
         },
     }

@@ -38,6 +38,7 @@ class Ordered:
         ``None``/``1`` legacy default stream, ``2`` per-thread default stream, ``-1``
         no synchronization, else a ``CUstream`` handle; ``0`` and other negative values
         raise ``ValueError``."""
+    # A test seam: only in a wheel built with the cargo feature ``test-hooks``.
     def _mock_advance(self, micros: int) -> None: ...
 
 def ordered(obj: Any, *, writable: bool = False) -> Ordered:
@@ -72,8 +73,12 @@ def routes() -> Dict[str, Any]:
     """The route each crossing takes (``"torch_to_jax"``, ``"jax_to_torch"``:
     ``"native"`` or ``"public"``) and why (``"reasons"``). Imports PyTorch and JAX."""
 
+# The package's own internals (every build): the atexit hook, torch_function's crossings.
 def _shutdown() -> None: ...
 def _to_jax_many(tensors: Iterable[Any]) -> List[Any]: ...
 def _to_torch_many(arrays: Iterable[Any]) -> List[Any]: ...
+
+# Test seams: only in a wheel built with the cargo feature ``test-hooks`` (not the one
+# users install; ``HANDOFF_ROUTE=public`` forces the public route there).
 def _set_route(route: str) -> None: ...
 def _mock_ordered(obj: Any, busy_us: int, *, writable: bool = False) -> Ordered: ...

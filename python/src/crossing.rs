@@ -9,7 +9,8 @@
 //!   `torch.from_dlpack(handoff.ordered(x))`, for every other producer, for a case the
 //!   native route leaves to the producer (a torch tensor that requires grad: PyTorch's
 //!   own error), where an entry point is missing or differs, or when forced
-//!   (`HANDOFF_ROUTE=public`, or `_set_route("public")`).
+//!   (`HANDOFF_ROUTE=public`, or, in a build with the `test-hooks` feature only,
+//!   `_set_route("public")`).
 //!
 //! Both do what `handoff.ordered` does: the producer's data is made ready on the
 //! consumer's stream by a GPU wait (PyTorch's current stream → JAX's ready stream, or
@@ -33,7 +34,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Set when the public route is forced (`HANDOFF_ROUTE=public`, `_set_route`).
+/// Set when the public route is forced (`HANDOFF_ROUTE=public`; `_set_route` with the
+/// `test-hooks` feature).
 static PUBLIC_ONLY: AtomicBool = AtomicBool::new(false);
 
 /// Reads `HANDOFF_ROUTE` (`auto`, the default, or `public`) at import.
@@ -50,8 +52,10 @@ pub fn init() -> PyResult<()> {
     }
 }
 
-/// Tests and benchmarks: `"public"` forces the public route of every crossing in this
-/// process, `"auto"` takes the fastest again.
+/// Tests and benchmarks (the `test-hooks` feature, not in the wheel users install):
+/// `"public"` forces the public route of every crossing in this process, `"auto"` takes
+/// the fastest again.
+#[cfg(feature = "test-hooks")]
 #[pyfunction(name = "_set_route")]
 pub fn set_route(route: &str) -> PyResult<()> {
     let public = match route {
@@ -77,7 +81,13 @@ pub fn routes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     reasons.set_item("jax", jax.as_ref().map_or_else(Clone::clone, |j| j.found.clone()))?;
     reasons.set_item(
         "forced",
-        if forced { "the public route is forced (HANDOFF_ROUTE=public or _set_route)" } else { "no" },
+        match forced {
+            false => "no",
+            true if cfg!(feature = "test-hooks") => {
+                "the public route is forced (HANDOFF_ROUTE=public or _set_route)"
+            }
+            true => "the public route is forced (HANDOFF_ROUTE=public)",
+        },
     )?;
     let d = PyDict::new(py);
     d.set_item("torch_to_jax", route)?;

@@ -18,6 +18,17 @@
 //! - [`main_thread`]: producers' deleters, run on the interpreter's main thread.
 //! - [`lifecycle`]: the interpreter's lifecycle (main thread, shutdown, closed, gone).
 //!
+//! `_`-prefixed names are not the package's API. Two kinds:
+//!
+//! - The package's own internals, in every build: `_shutdown` (the `atexit` hook
+//!   `handoff/__init__.py` registers), `_to_jax_many` and `_to_torch_many` (what
+//!   `handoff.torch_function` crosses with).
+//! - Test and benchmark seams, only with the cargo feature `test-hooks` (off in the
+//!   wheel users install): `_set_route` (forces a route in this process; users have
+//!   `HANDOFF_ROUTE=public`), `_mock_ordered` and `Ordered._mock_advance` (a simulated
+//!   consumer stream, `mock`). `cargo xtask test` runs pytest on the wheel without them
+//!   and the tests marked `hooks` on a second wheel built with them.
+//!
 //! The runtime releases on any thread (its reaper's, mostly); a Python producer's
 //! deleter is queued for the main thread (see [`main_thread`] for why the GIL is not
 //! enough). Nothing here holds a lock while it waits for the GIL, and every call that
@@ -31,6 +42,7 @@ mod jax_api;
 mod keep_alive;
 mod lifecycle;
 mod main_thread;
+#[cfg(feature = "test-hooks")]
 mod mock;
 mod ordered;
 mod streams;
@@ -101,12 +113,15 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crossing::to_jax_many, m)?)?;
     m.add_function(wrap_pyfunction!(crossing::to_torch_many, m)?)?;
     m.add_function(wrap_pyfunction!(crossing::routes, m)?)?;
-    m.add_function(wrap_pyfunction!(crossing::set_route, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(flush, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(keep_alive::shutdown, m)?)?;
-    m.add_function(wrap_pyfunction!(ordered::mock_ordered, m)?)?;
+    #[cfg(feature = "test-hooks")]
+    {
+        m.add_function(wrap_pyfunction!(crossing::set_route, m)?)?;
+        m.add_function(wrap_pyfunction!(ordered::mock_ordered, m)?)?;
+    }
     m.add("HandoffError", py.get_type::<errors::HandoffError>())?;
     m.add("InvalidTensorError", py.get_type::<errors::InvalidTensorError>())?;
     let v = handoff_runtime::ffi::DLPackVersion::CURRENT;

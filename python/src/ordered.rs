@@ -4,6 +4,7 @@
 use crate::cai;
 use crate::capsule::{self, Adopted, Taken};
 use crate::errors;
+#[cfg(feature = "test-hooks")]
 use crate::mock::MockConsumer;
 use crate::streams::{self, Consumer, Requested};
 use crate::torch_api::Torch;
@@ -13,7 +14,7 @@ use handoff_runtime::cuda::DlpackStream;
 use handoff_runtime::ffi::DLManagedTensorVersioned;
 use handoff_runtime::ffi::{DLDevice, DLDeviceType};
 use handoff_runtime::{Access, Device, Handoff};
-use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
@@ -21,6 +22,23 @@ use pyo3::types::{PyDict, PyTuple};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Without the `test-hooks` feature (the wheel users install) there is no simulated
+/// consumer stream: this type has no value, so `Ordered::mock` is always `None` and the
+/// compiler drops every branch on it.
+#[cfg(not(feature = "test-hooks"))]
+pub enum MockConsumer {}
+
+#[cfg(not(feature = "test-hooks"))]
+impl MockConsumer {
+    fn stream(&self) -> &handoff_runtime::Stream {
+        match *self {}
+    }
+
+    fn consumer_work(&self) {
+        match *self {}
+    }
+}
 
 /// Where the wrapped object's tensor comes from.
 enum Source {
@@ -62,7 +80,8 @@ pub struct Ordered {
     obj: Py<PyAny>,
     source: Source,
     access: Access,
-    /// Tests only: a simulated consumer stream instead of the one asked for.
+    /// Tests only (`_mock_ordered`, the `test-hooks` feature): a simulated consumer
+    /// stream instead of the one asked for.
     mock: Option<MockConsumer>,
     /// The address of the first element last handed to a consumer (0: none yet), which
     /// `handoff.to_jax` compares with the JAX array's to count a copy JAX made.
@@ -471,14 +490,16 @@ impl Ordered {
         }
     }
 
-    /// Tests only: moves the simulated clock of a `_mock_ordered` wrapper.
+    /// Tests only (the `test-hooks` feature): moves the simulated clock of a
+    /// `_mock_ordered` wrapper.
+    #[cfg(feature = "test-hooks")]
     fn _mock_advance(&self, micros: u64) -> PyResult<()> {
         match &self.mock {
             Some(m) => {
                 m.advance(micros);
                 Ok(())
             }
-            None => Err(PyValueError::new_err("not a _mock_ordered wrapper")),
+            None => Err(pyo3::exceptions::PyValueError::new_err("not a _mock_ordered wrapper")),
         }
     }
 
@@ -504,7 +525,9 @@ impl Ordered {
     }
 }
 
-/// `ordered(obj)` with a simulated consumer stream (tests only; see `mock`).
+/// `ordered(obj)` with a simulated consumer stream (tests only, the `test-hooks`
+/// feature; see `mock`).
+#[cfg(feature = "test-hooks")]
 #[pyfunction(name = "_mock_ordered")]
 #[pyo3(signature = (obj, busy_us, *, writable = false))]
 pub fn mock_ordered(obj: &Bound<'_, PyAny>, busy_us: u64, writable: bool) -> PyResult<Ordered> {

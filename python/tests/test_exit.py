@@ -17,6 +17,8 @@ import textwrap
 
 import pytest
 
+from seams import hooks, needs_hooks
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # A producer whose deleter says where it ran, with nothing but what it bound itself
@@ -78,7 +80,7 @@ def run_at_exit(path: str, action: str = "count") -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("path", ["host", "advanced"])
+@pytest.mark.parametrize("path", ["host", needs_hooks("advanced")])
 @pytest.mark.parametrize("action", ["count", "flush"])
 def test_a_release_during_finalization_calls_the_deleter_once(path, action):
     """The consumer's array is a module global: it dies after ``atexit``, while the
@@ -97,6 +99,7 @@ def test_a_release_during_finalization_calls_the_deleter_once(path, action):
     assert "handoff:" not in r.stderr, out
 
 
+@hooks
 def test_a_release_pending_on_a_stream_that_never_completes_is_leaked_at_exit():
     """The consumer's queued work never completes (the simulated clock is never moved):
     at exit the release waits ``EXIT_DRAIN_TIMEOUT`` (5 s), then leaks the producer's

@@ -30,6 +30,7 @@ import dlpack_ctypes
 import handoff
 from dlpack_ctypes import IS_COPIED, IS_SUBBYTE_TYPE_PADDED, READ_ONLY, Holder, Producer, capsule_name
 from handoff import _handoff
+from seams import needs_hooks
 
 FAST = settings(
     max_examples=60,
@@ -214,14 +215,24 @@ def released(w, busy_us) -> None:
         handoff.flush()
 
 
-BUSY = st.sampled_from([None, None, 0, 500])
+# The consumer's stream: the one it asks for (``handoff.ordered``), or a simulated one
+# with ``busy_us`` of work queued per hand-off (``_mock_ordered``, a test seam).
+CONSUMERS = ["ordered", needs_hooks("simulated")]
+BUSY = st.sampled_from([0, 500])
 
 
+def busy(consumer, busy_us):
+    """``busy_us`` for the simulated consumer stream, ``None`` (``handoff.ordered``) else."""
+    return busy_us if consumer == "simulated" else None
+
+
+@pytest.mark.parametrize("consumer", CONSUMERS)
 @FAST
 @given(answer=ANSWERS, ask=GOOD_ASKS, consume=st.booleans(), busy_us=BUSY)
 @example(answer=("consumed", True), ask={"max_version": (1, 0)}, consume=False, busy_us=None)
 @example(answer=("raise", TypeError, "no max_version"), ask={"max_version": (1, 0)}, consume=False, busy_us=None)
-def test_any_answer_of_the_producer(answer, ask, consume, busy_us):
+def test_any_answer_of_the_producer(consumer, answer, ask, consume, busy_us):
+    busy_us = busy(consumer, busy_us)
     before = handoff.stats()
     h = Hostile(answer)
     alive = weakref.ref(h)
@@ -647,13 +658,15 @@ def consume(cap, p) -> None:
         p.managed.deleter(C.pointer(p.managed))
 
 
+@pytest.mark.parametrize("consumer", CONSUMERS)
 @settings(FAST, max_examples=200)
 @given(s=STRUCTS, max_version=st.sampled_from([None, (1, 0)]), writable=st.booleans(), busy_us=BUSY)
-def test_any_struct_is_taken_and_deleted_exactly_once(s, max_version, writable, busy_us):
+def test_any_struct_is_taken_and_deleted_exactly_once(consumer, s, max_version, writable, busy_us):
     """Whatever the fields say (within the producer's own arrays, as no importer can
     check more), the capsule is taken and the answer is a capsule or a refusal that
     says what is wrong — or, for host memory valid but for its alignment, the capsule
     is handed on unchanged — and the deleter runs once. The data is never read."""
+    busy_us = busy(consumer, busy_us)
     before = handoff.stats()
     p = build(s)
     if busy_us is None:
@@ -662,7 +675,9 @@ def test_any_struct_is_taken_and_deleted_exactly_once(s, max_version, writable, 
         w = _handoff._mock_ordered(p, busy_us, writable=writable)
     cap, err = attempt(lambda: w.__dlpack__(max_version=max_version))
     if passed_on(cap, p):  # valid host memory but for its alignment: the consumer judges
-        assert s["device"] == (1, 0) and p.deleted == 0
+        # Host memory: on the CPU, whatever its device id says ((1, -1) included), as a
+        # CPU tensor handoff takes in (check_device: both are the host).
+        assert s["device"][0] == 1 and p.deleted == 0
         consume(cap, p)
         del cap
     elif err is None:
@@ -789,7 +804,7 @@ REENTRY_SCRIPT = textwrap.dedent(
                 handoff.flush()
 
     for action in ["flush", "stats", "nested"]:
-        for path in ["host", "advance", "flush"]:
+        for path in {paths!r}:
             p = Reentrant(action)
             o = handoff.ordered(p) if path == "host" else _handoff._mock_ordered(p, 100)
             b = np.from_dlpack(o)
@@ -806,12 +821,17 @@ REENTRY_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_deleter_that_calls_back_into_handoff():
+@pytest.mark.parametrize(
+    "paths", [["host"], needs_hooks(["advance", "flush"])], ids=["ordered", "simulated"]
+)
+def test_a_deleter_that_calls_back_into_handoff(paths):
     """A producer's deleter may call ``flush()`` (or make a hand-off of its own), also
-    when ``flush()`` is what runs it. In a subprocess: a deadlock fails, not hangs."""
+    when ``flush()`` is what runs it: released at once (host memory), or behind a
+    simulated consumer stream (a test seam), by the reaper or by ``flush()``. In a
+    subprocess: a deadlock fails, not hangs."""
     import os
 
-    script = REENTRY_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    script = REENTRY_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)), paths=paths)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "no deadlock" in r.stdout, r.stdout + r.stderr
 
@@ -930,10 +950,13 @@ def test_a_copy_where_the_consumer_said_copy_false_is_refused(flags, copy, max_v
 # Refusals on another thread: the deleter still runs once, on the main thread.
 
 
+@pytest.mark.parametrize("consumer", CONSUMERS)
 @settings(FAST, max_examples=20)
 @given(fault=FAULTS, busy_us=BUSY)
-def test_a_refusal_on_another_thread_is_deleted_once_on_the_main_thread(fault, busy_us):
+def test_a_refusal_on_another_thread_is_deleted_once_on_the_main_thread(consumer, fault, busy_us):
     import threading
+
+    busy_us = busy(consumer, busy_us)
 
     fields, message = fault
     p = Producer(F32, **fields)

@@ -19,6 +19,8 @@ try:
 except Exception as e:  # noqa: BLE001 - torch without its CUDA libraries raises ValueError
     pytest.skip(f"torch does not import: {e}", allow_module_level=True)
 
+from seams import ROUTES, set_route  # noqa: E402
+
 
 def facts(y):
     """What a consumer's result says, framework by framework."""
@@ -152,11 +154,11 @@ def copies():
     return s["copies"], s["bytes_copied"]
 
 
-@pytest.mark.parametrize("route", ["auto", "public"])
+@pytest.mark.parametrize("route", ROUTES)
 def test_to_jax_counts_the_copy_jax_makes_of_host_memory(route):
     """JAX copies host memory it cannot view (not 64-byte aligned, on the CPU): the
     copy happens inside jaxlib, and handoff counts it by comparing addresses."""
-    handoff._handoff._set_route(route)
+    set_route(route)
     try:
         base = torch.arange(64, dtype=torch.float32)
         aligned = base[: 16 * 3] if base.data_ptr() % 64 == 0 else None
@@ -173,4 +175,4 @@ def test_to_jax_counts_the_copy_jax_makes_of_host_memory(route):
         assert np.asarray(handoff.to_jax(numpy_view)).tolist() == list(range(8))
         assert copies() == (before[0] + 1, before[1] + 32)
     finally:
-        handoff._handoff._set_route("auto")
+        set_route("auto")

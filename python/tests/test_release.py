@@ -1,6 +1,6 @@
 """The stream-ordered release through the runtime's reaper, on the runtime's simulated
-device (``_mock_ordered``: the consumer's stream is a simulated one with consumer work
-queued on it), and the thread rules: the reaper releases, the producer's deleter runs on
+device (``_mock_ordered``, a test seam: the consumer's stream is a simulated one with
+consumer work queued on it; those tests are marked ``hooks``), and the thread rules: the reaper releases, the producer's deleter runs on
 the main thread (JAX's races JAX's own ``__dlpack__`` anywhere else), and nothing
 deadlocks."""
 
@@ -17,6 +17,7 @@ import numpy as np
 import handoff
 from dlpack_ctypes import Producer
 from handoff import _handoff
+from seams import hooks
 
 
 def wait_for(predicate, timeout=10.0):
@@ -28,6 +29,7 @@ def wait_for(predicate, timeout=10.0):
     return predicate()
 
 
+@hooks
 def test_release_waits_for_the_consumers_queued_work():
     a = np.arange(8, dtype=np.float32)
     p = Producer(a)
@@ -50,6 +52,7 @@ def test_release_waits_for_the_consumers_queued_work():
     assert p.deleted == 1, "exactly once"
 
 
+@hooks
 def test_the_producers_deleter_runs_on_the_main_thread():
     p = Producer()
     o = _handoff._mock_ordered(p, 1000)
@@ -74,6 +77,7 @@ def test_a_release_on_another_thread_is_deleted_on_the_main_thread():
     assert p.deleter_threads == [threading.main_thread().ident], "not the releasing thread"
 
 
+@hooks
 def test_flush_waits_on_the_host_and_counts_it():
     p = Producer()
     o = _handoff._mock_ordered(p, 5000)
@@ -87,6 +91,7 @@ def test_flush_waits_on_the_host_and_counts_it():
     assert handoff.stats()["pending"] == 0
 
 
+@hooks
 def test_unconsumed_capsule_on_a_simulated_stream():
     p = Producer()
     cap = _handoff._mock_ordered(p, 100).__dlpack__(max_version=(1, 0))
@@ -96,6 +101,7 @@ def test_unconsumed_capsule_on_a_simulated_stream():
     assert p.deleted == 1
 
 
+@hooks
 def test_many_releases_from_many_threads_each_exactly_once():
     producers = [Producer(np.full(16, i, dtype=np.float32)) for i in range(200)]
     wrappers = [_handoff._mock_ordered(p, 10 * (i % 7)) for i, p in enumerate(producers)]
@@ -158,6 +164,7 @@ GIL_SCRIPT = textwrap.dedent(
 )
 
 
+@hooks
 def test_flush_does_not_deadlock_with_a_numpy_deleter_on_the_reaper_thread():
     env = dict(os.environ)
     r = subprocess.run([sys.executable, "-c", GIL_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
@@ -185,6 +192,7 @@ EXIT_SCRIPT = textwrap.dedent(
 )
 
 
+@hooks
 def test_interpreter_exit_with_pending_releases_does_not_hang():
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=120)

@@ -3,6 +3,10 @@ jaxlib's buffer functions) and the public one (``from_dlpack(handoff.ordered(x))
 give the same results, result by result: dtype, shape, strides, values, device, and the
 same error type and message where the producer refuses. On the CPU (JAX and PyTorch's
 CPU builds); the GPU script (``bench/gpu_exchange_checks.py``) proves the ordering of each route.
+
+Each comparison runs on each route (``seams.ROUTES``): the process's own, native here,
+on any wheel, against the public route spelled out; and the public route forced with
+``_set_route`` (a test seam, marked ``hooks``) against the same spelling.
 """
 
 import os
@@ -22,7 +26,7 @@ try:
 except Exception as e:  # noqa: BLE001 - torch without its CUDA libraries raises ValueError
     pytest.skip(f"torch does not import: {e}", allow_module_level=True)
 
-set_route = handoff._handoff._set_route
+from seams import ROUTES, hooks, set_route  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -31,18 +35,30 @@ def _auto_after():
     set_route("auto")
 
 
-def both(cross, x):
-    """``cross(x)`` by the native route and by the public one: each result, or the
-    exception it raised."""
-    out = {}
-    for route in ("auto", "public"):
-        set_route(route)
-        try:
-            out[route] = cross(x)
-        except Exception as e:  # noqa: BLE001 - compared below
-            out[route] = e
-    set_route("auto")
-    return out["auto"], out["public"]
+def outcome(f, x):
+    """``f(x)``, or the exception it raised."""
+    try:
+        return f(x)
+    except Exception as e:  # noqa: BLE001 - compared by the caller
+        return e
+
+
+def both(route, to, x, writable=False):
+    """``handoff.to_jax(x)`` (``to="jax"``) or ``handoff.to_torch(x, writable=...)`` by
+    ``route``, and the public route spelled out, ``jax.dlpack.from_dlpack(handoff.ordered(x))``
+    or ``torch.from_dlpack(handoff.ordered(x, writable=...))`` (what the public route
+    calls): each result, or the exception it raised."""
+    if to == "jax":
+        cross, public = handoff.to_jax, lambda x: jax.dlpack.from_dlpack(handoff.ordered(x))
+    else:
+        cross = lambda x: handoff.to_torch(x, writable=writable)  # noqa: E731
+        public = lambda x: torch.from_dlpack(handoff.ordered(x, writable=writable))  # noqa: E731
+    set_route(route)
+    try:
+        crossed = outcome(cross, x)
+    finally:
+        set_route("auto")
+    return crossed, outcome(public, x)
 
 
 def same_error(native, public):
@@ -57,6 +73,11 @@ def test_both_routes_are_native_here():
     assert r["jax_to_torch"] == "native", r
     assert "C exchange API" in r["reasons"]["torch"]
     assert "dlpack_managed_tensor_to_buffer" in r["reasons"]["jax"]
+    assert r["reasons"]["forced"] == "no"
+
+
+@hooks
+def test_the_public_route_can_be_forced_in_process():
     set_route("public")
     r = handoff.routes()
     assert (r["torch_to_jax"], r["jax_to_torch"]) == ("public", "public")
@@ -114,22 +135,23 @@ def jax_facts(a):
     return a.dtype, a.shape, np.asarray(a).tolist(), a.devices(), a.weak_type
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("x64", [False, True], ids=["x32", "x64"])
 @pytest.mark.parametrize("name", list(TORCH_TENSORS))
-def test_torch_to_jax_routes_agree(name, x64):
+def test_torch_to_jax_routes_agree(name, x64, route):
     with jax.enable_x64(x64):
         t = TORCH_TENSORS[name]()
-        native, public = both(handoff.to_jax, t)
+        crossed, public = both(route, "jax", t)
         try:
             plain = jax.dlpack.from_dlpack(t)
         except Exception as e:  # noqa: BLE001 - JAX refuses broadcast or stepped strides
             plain = e
         if isinstance(plain, Exception):
-            same_error(native, public)
-            same_error(native, plain)
+            same_error(crossed, public)
+            same_error(crossed, plain)
             return
-        assert type(native) is type(public)
-        assert jax_facts(native) == jax_facts(public) == jax_facts(plain)
+        assert type(crossed) is type(public)
+        assert jax_facts(crossed) == jax_facts(public) == jax_facts(plain)
 
 
 TORCH_REFUSED = {
@@ -140,15 +162,16 @@ TORCH_REFUSED = {
 }
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("name", list(TORCH_REFUSED))
-def test_torch_to_jax_routes_refuse_alike(name):
+def test_torch_to_jax_routes_refuse_alike(name, route):
     t = TORCH_REFUSED[name]()
-    native, public = both(handoff.to_jax, t)
+    crossed, public = both(route, "jax", t)
     if name == "subclass":  # exported by its own __dlpack__, on both routes
-        assert jax_facts(native) == jax_facts(public)
+        assert jax_facts(crossed) == jax_facts(public)
     else:
-        same_error(native, public)
-        assert isinstance(native, BufferError)
+        same_error(crossed, public)
+        assert isinstance(crossed, BufferError)
 
 
 def jax_arrays():
@@ -170,25 +193,27 @@ def torch_facts(t):
     return t.dtype, tuple(t.shape), t.stride(), t.tolist(), t.device, t.is_contiguous(), t.requires_grad
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("writable", [False, True])
 @pytest.mark.parametrize("name", list(jax_arrays()))
-def test_jax_to_torch_routes_agree(name, writable):
+def test_jax_to_torch_routes_agree(name, writable, route):
     a = jax_arrays()[name]
-    native, public = both(lambda x: handoff.to_torch(x, writable=writable), a)
+    crossed, public = both(route, "torch", a, writable=writable)
     plain = torch.from_dlpack(a)
-    assert type(native) is type(public) is torch.Tensor
-    assert torch_facts(native) == torch_facts(public) == torch_facts(plain)
+    assert type(crossed) is type(public) is torch.Tensor
+    assert torch_facts(crossed) == torch_facts(public) == torch_facts(plain)
 
 
-def test_jax_to_torch_routes_refuse_alike():
+@pytest.mark.parametrize("route", ROUTES)
+def test_jax_to_torch_routes_refuse_alike(route):
     a = jnp.ones(3)
     a.delete()
-    native, public = both(handoff.to_torch, a)
-    same_error(native, public)
+    crossed, public = both(route, "torch", a)
+    same_error(crossed, public)
     # Not a JAX array: both take handoff.ordered's route.
     n = np.arange(4.0)
-    native, public = both(handoff.to_torch, n)
-    assert torch_facts(native) == torch_facts(public)
+    crossed, public = both(route, "torch", n)
+    assert torch_facts(crossed) == torch_facts(public)
 
 
 def released_after(cross, x):
@@ -231,12 +256,12 @@ def test_a_torch_tensor_outlives_its_python_object_in_jax():
     del junk
 
 
-def test_the_many_forms_detach_and_make_contiguous():
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_many_forms_detach_and_make_contiguous(route):
     tensors = [torch.ones(2, 3, requires_grad=True), torch.arange(12.0).reshape(3, 4).T, torch.arange(3)]
-    for route in ("auto", "public"):
-        set_route(route)
-        xs = handoff._handoff._to_jax_many(tensors)
-        assert [x.shape for x in xs] == [(2, 3), (4, 3), (3,)]
-        assert np.asarray(xs[1]).tolist() == tensors[1].tolist()
-        ts = handoff._handoff._to_torch_many(xs)
-        assert [t.tolist() for t in ts] == [t.tolist() for t in tensors]
+    set_route(route)
+    xs = handoff._handoff._to_jax_many(tensors)
+    assert [x.shape for x in xs] == [(2, 3), (4, 3), (3,)]
+    assert np.asarray(xs[1]).tolist() == tensors[1].tolist()
+    ts = handoff._handoff._to_torch_many(xs)
+    assert [t.tolist() for t in ts] == [t.tolist() for t in tensors]

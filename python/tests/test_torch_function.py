@@ -29,14 +29,17 @@ def _torch():
 
 torch = _torch()
 
+from seams import ROUTES, set_route  # noqa: E402
 
-@pytest.fixture(autouse=True, params=["auto", "public"])
+
+@pytest.fixture(autouse=True, params=ROUTES)
 def route(request):
     """Every test runs on both routes of the crossings (``handoff.routes()``): the native
-    one (where the frameworks offer it) and the public one."""
-    handoff._handoff._set_route(request.param)
+    one (where the frameworks offer it) and the public one (forced with ``_set_route``,
+    a test seam: marked ``hooks``)."""
+    set_route(request.param)
     yield request.param
-    handoff._handoff._set_route("auto")
+    set_route("auto")
 
 
 @pytest.fixture

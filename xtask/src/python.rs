@@ -3,19 +3,28 @@
 //!
 //! - A virtual environment under `.deps/py-venv` (git-ignored) with the pinned test
 //!   dependencies ([`PINS`]), made once and reused (remade when the pins change).
-//! - The abi3 wheel, built with maturin into `python/target/wheels/` (one wheel for
-//!   Python >= 3.10), installed into that environment.
-//! - `cargo xtask test`: `cargo fmt --check` and clippy (`-D warnings`) of
-//!   `python/Cargo.toml`, the wheel, then `pytest python/tests` (NumPy, JAX and
-//!   PyTorch on the CPU; PyTorch from [`TORCH`]).
-//! - `cargo xtask gpu-bundle`: the wheel, the GPU checks (`bench/gpu_exchange_checks.py`,
-//!   `gpu_training_checks.py`, `cuda_core_consumer.py`), the benchmarks
-//!   (`bench/python_host_cost.py`, `dispatch_cost.py`, `profile_step.py`,
+//! - Two abi3 wheels (one wheel each for Python >= 3.10), built with maturin
+//!   ([`Wheel`]): the **shipped** one (default features, `python/target/wheels/`), which is
+//!   what users install and has none of the extension's test seams, and the **hooks** one
+//!   (cargo feature `test-hooks`, `python/target/wheels-test-hooks/`, never published),
+//!   which adds them: `_handoff._set_route`, `_handoff._mock_ordered` and
+//!   `Ordered._mock_advance`.
+//! - `cargo xtask test`: `cargo fmt --check` and clippy (`-D warnings`, with and without
+//!   `test-hooks`) of `python/Cargo.toml`, both wheels, then `pytest python/tests` (NumPy,
+//!   JAX and PyTorch on the CPU; PyTorch from [`TORCH`]) twice: every test on the shipped
+//!   wheel, those that need a seam (marked `hooks`) skipped there, then `pytest -m hooks` on
+//!   the hooks wheel. The environment is left with the hooks wheel installed.
+//! - `cargo xtask gpu-bundle`: both wheels (the hooks one under `hooks/`), the GPU checks
+//!   (`bench/gpu_exchange_checks.py`, `gpu_training_checks.py`, `cuda_core_consumer.py`),
+//!   the benchmarks (`bench/python_host_cost.py`, `dispatch_cost.py`, `profile_step.py`,
 //!   `train_three_way.py` with the wheels of the packages it compares with,
 //!   [`COMPARED`]: jax2torch, torch-jax-interop and what the latter imports) and, with
 //!   `--prev-wheel`, an earlier wheel for the A/B go into `gpu-bundle/`; `run.sh`
-//!   installs the wheels into a temporary directory with the GPU machine's own Python
-//!   (torch and JAX there) and runs the scripts ([`RUN_STEP`]).
+//!   installs a wheel into a temporary directory with the GPU machine's own Python
+//!   (torch and JAX there) and runs the scripts ([`RUN_STEP`]): the scripts that switch
+//!   routes in-process with `_set_route` (`gpu_exchange_checks.py`, which checks each
+//!   route, and `python_host_cost.py`, which times each) with the hooks wheel, every
+//!   other one (and the wheel A/B) with the shipped wheel.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -69,6 +78,37 @@ pub const TORCH: &[&str] = &[
 const VENV: &str = ".deps/py-venv";
 const MANIFEST: &str = "python/Cargo.toml";
 const WHEELS: &str = "python/target/wheels";
+const HOOKS_WHEELS: &str = "python/target/wheels-test-hooks";
+/// The hooks wheel's features. maturin's `--features` replaces pyproject.toml's
+/// `[tool.maturin] features` (`pyo3/extension-module`) instead of adding to them, so that
+/// is named again: the two wheels differ by the test seams only.
+const HOOKS_FEATURES: &str = "pyo3/extension-module,test-hooks";
+
+/// Which of the extension's two wheels.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Wheel {
+    /// Default features: the wheel users install, without any test seam.
+    Shipped,
+    /// The cargo feature `test-hooks`: the shipped wheel plus the test and benchmark
+    /// seams (`_set_route`, `_mock_ordered`, `Ordered._mock_advance`). Never published.
+    Hooks,
+}
+
+impl Wheel {
+    fn out_dir(self) -> &'static str {
+        match self {
+            Wheel::Shipped => WHEELS,
+            Wheel::Hooks => HOOKS_WHEELS,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Wheel::Shipped => "the shipped wheel (default features, no test seams)",
+            Wheel::Hooks => "the hooks wheel (--features test-hooks)",
+        }
+    }
+}
 /// Ordering, lifetime and host cost of the exchange on CUDA, per route (bundled as
 /// `python_gpu_h200.py`, step `python_handoff`).
 const GPU_SCRIPT: &str = "bench/gpu_exchange_checks.py";
@@ -125,9 +165,10 @@ pub fn venv(root: &Path) -> Result<PathBuf, String> {
     Ok(python)
 }
 
-/// Builds the abi3 wheel with maturin (release) and returns its path.
-pub fn build_wheel(root: &Path, python: &Path) -> Result<PathBuf, String> {
-    let out = root.join(WHEELS);
+/// Builds `which` abi3 wheel with maturin (release) into its own folder and returns its
+/// path. The two builds share `python/target/`; each rebuilds the extension crate only.
+pub fn build_wheel(root: &Path, python: &Path, which: Wheel) -> Result<PathBuf, String> {
+    let out = root.join(which.out_dir());
     if let Ok(entries) = std::fs::read_dir(&out) {
         for e in entries.flatten() {
             if is_wheel(&e.path()) {
@@ -136,13 +177,18 @@ pub fn build_wheel(root: &Path, python: &Path) -> Result<PathBuf, String> {
         }
     }
     let maturin = python.with_file_name("maturin");
-    run(Command::new(maturin)
+    let mut build = Command::new(maturin);
+    build
         .current_dir(root)
         .env("PYO3_PYTHON", python)
         .args(["build", "--release", "--manifest-path", MANIFEST, "--out"])
         .arg(&out)
         .arg("--interpreter")
-        .arg(python))?;
+        .arg(python);
+    if which == Wheel::Hooks {
+        build.args(["--features", HOOKS_FEATURES]);
+    }
+    run(&mut build)?;
     std::fs::read_dir(&out)
         .map_err(|e| format!("cannot read {}: {e}", out.display()))?
         .flatten()
@@ -158,45 +204,79 @@ fn is_wheel(p: &Path) -> bool {
     })
 }
 
-/// `cargo xtask test`'s Python part: lint (when `lint`), the README's performance
-/// section checked against its logs, build, install, pytest.
+/// `cargo xtask test`'s Python part: lint (when `lint`: rustfmt, clippy without and with
+/// `test-hooks`), the README's performance section checked against its logs, both
+/// wheels, then pytest on each ([`pytest`]).
 pub fn test(root: &Path, lint: bool) -> Result<(), String> {
     let python = venv(root)?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     if lint {
         run(Command::new(&cargo).current_dir(root).args(["fmt", "--manifest-path", MANIFEST, "--check"]))?;
-        run(Command::new(&cargo).current_dir(root).env("PYO3_PYTHON", &python).args([
-            "clippy",
-            "--manifest-path",
-            MANIFEST,
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))?;
+        for features in [&[][..], &["--features", "test-hooks"][..]] {
+            run(Command::new(&cargo)
+                .current_dir(root)
+                .env("PYO3_PYTHON", &python)
+                .args(["clippy", "--manifest-path", MANIFEST, "--all-targets"])
+                .args(features)
+                .args(["--", "-D", "warnings"]))?;
+        }
     }
     // The README's performance table and figure are what the current run's logs give.
     run(Command::new(&python).current_dir(root).args(["bench/readme_performance.py", "--check"]))?;
-    let wheel = build_wheel(root, &python)?;
-    let install =
-        ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--force-reinstall", "--no-deps"];
-    run(Command::new(&python).args(install).arg(&wheel))?;
-    let pytest = ["-m", "pytest", "python/tests", "-q", "-rs", "-p", "no:cacheprovider"];
-    run(Command::new(&python).current_dir(root).env("PYTHONDONTWRITEBYTECODE", "1").args(pytest))?;
-    println!("xtask: Python tests passed ({})", wheel.display());
+    let shipped = build_wheel(root, &python, Wheel::Shipped)?;
+    let hooks = build_wheel(root, &python, Wheel::Hooks)?;
+    pytest(root, &python, &shipped, Wheel::Shipped)?;
+    pytest(root, &python, &hooks, Wheel::Hooks)?;
+    println!(
+        "xtask: Python tests passed: pytest on the shipped wheel ({}), pytest -m hooks on the hooks wheel \
+         ({}), which stays installed in {VENV}",
+        shipped.display(),
+        hooks.display(),
+    );
     Ok(())
 }
 
-/// Builds the wheel and copies it, the GPU scripts, the benchmarks, the wheels of the
-/// packages the training comparison compares with ([`COMPARED`]) and, for the A/B, a
-/// previous handoff wheel (into `prev/`) into the bundle directory `out`; returns the
-/// bytes added.
+/// Installs `wheel` into the environment and runs pytest on it: on the shipped wheel
+/// every test (those marked `hooks` skip, saying why), on the hooks wheel the tests marked
+/// `hooks` only (`-m hooks`). `HANDOFF_TEST_HOOKS` (`absent`, `present`) makes
+/// `python/tests/conftest.py` stop the run if the installed wheel is not the one meant.
+fn pytest(root: &Path, python: &Path, wheel: &Path, which: Wheel) -> Result<(), String> {
+    let install =
+        ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--force-reinstall", "--no-deps"];
+    run(Command::new(python).args(install).arg(wheel))?;
+    let (expect, only): (&str, &[&str]) = match which {
+        Wheel::Shipped => ("absent", &[]),
+        Wheel::Hooks => ("present", &["-m", "hooks"]),
+    };
+    println!(
+        "xtask: pytest on {} ({}){}",
+        which.describe(),
+        wheel.display(),
+        if only.is_empty() { "" } else { ": the tests marked hooks" }
+    );
+    run(Command::new(python)
+        .current_dir(root)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("HANDOFF_TEST_HOOKS", expect)
+        .args(["-m", "pytest", "python/tests", "-q", "-rs", "-p", "no:cacheprovider"])
+        .args(only))
+    .map_err(|e| format!("pytest on {} ({}): {e}", which.describe(), wheel.display()))
+}
+
+/// Builds both wheels and copies them (the hooks wheel into `hooks/`: the scripts that
+/// switch routes with `_set_route` run with it, see [`RUN_STEP`]), the GPU scripts, the
+/// benchmarks, the wheels of the packages the training comparison compares with
+/// ([`COMPARED`]) and, for the A/B, a previous handoff wheel (into `prev/`) into the
+/// bundle directory `out`; returns the bytes added.
 pub fn bundle(root: &Path, out: &Path, prev_wheel: Option<&Path>) -> Result<u64, String> {
     let python = venv(root)?;
-    let wheel = build_wheel(root, &python)?;
+    let wheel = build_wheel(root, &python, Wheel::Shipped)?;
+    let hooks_wheel = build_wheel(root, &python, Wheel::Hooks)?;
     let file_name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    std::fs::create_dir_all(out.join("hooks")).map_err(|e| e.to_string())?;
     let mut files = vec![
         (wheel.clone(), file_name(&wheel)),
+        (hooks_wheel.clone(), format!("hooks/{}", file_name(&hooks_wheel))),
         (root.join(GPU_SCRIPT), "python_gpu_h200.py".to_string()),
         (root.join(GPU_TRAINING_SCRIPT), "python_gpu_training.py".to_string()),
         (root.join(TRAIN_SCRIPT), "train_three_way.py".to_string()),
@@ -270,11 +350,14 @@ fn pypi_wheel(root: &Path, python: &Path, requirement: &str, prefix: &str) -> Re
 }
 
 /// The `run.sh` steps of the Python package, each through one shell function,
-/// `py_step <name> <script> <limit s> [args...]`: the bundled handoff wheel (and, for the
-/// training comparison, the compared packages' wheels, [`COMPARED`]) installed with the
-/// GPU machine's Python into a temporary directory (no network: `--no-index`, else
-/// unzipped), the script run with it on `PYTHONPATH` under a time limit, its JSON lines
-/// shown, its log in `$LOGS/<name>.log`, a non-zero exit a failed step. `ONLY=<name>`
+/// `py_step <name> <script> <limit s> [args...]` (the shipped wheel) or `hooks_step ...`
+/// (the hooks wheel, `hooks/handoff-*.whl`: for the scripts that switch routes with the
+/// test seam `_set_route`, `python_gpu_h200.py` and `python_host_cost.py`): that handoff
+/// wheel (and, for the training comparison, the compared packages' wheels, [`COMPARED`])
+/// installed with the GPU machine's Python into a temporary directory (no network:
+/// `--no-index`, else unzipped), the script run with it on `PYTHONPATH` under a time
+/// limit, the wheel it used and its JSON lines shown, its log (the wheel's name first) in
+/// `$LOGS/<name>.log`, a non-zero exit a failed step. `ONLY=<name>`
 /// runs the steps whose name contains it. Then, only where the bundle holds a previous
 /// handoff wheel (`prev/handoff-*.whl`), the A/B of the two wheels at the GPU-bound
 /// sizes (step `wheel_ab`): the training script's light run (pure PyTorch and handoff,
@@ -283,7 +366,9 @@ fn pypi_wheel(root: &Path, python: &Path, requirement: &str, prefix: &str) -> Re
 pub const RUN_STEP: &str = r#"
 PY="${PYTHON:-python3}"
 if [ -z "${PYTHON:-}" ] && [ -x /opt/torch/.venv/bin/python ]; then PY=/opt/torch/.venv/bin/python; fi
+# The wheel users install; the one with the test seams (cargo feature test-hooks).
 WHEEL="$(ls "$HERE"/handoff-*.whl 2>/dev/null | head -n 1)"
+HOOKS_WHEEL="$(ls "$HERE"/hooks/handoff-*.whl 2>/dev/null | head -n 1)"
 COMPARED="$(ls "$HERE"/jax2torch-*.whl "$HERE"/torch_jax_interop-*.whl "$HERE"/chex-*.whl \
   "$HERE"/absl_py-*.whl "$HERE"/toolz-*.whl 2>/dev/null)"
 
@@ -295,18 +380,25 @@ install() {
   done
 }
 
-# py_step <name> <script in the bundle> <limit s> [args...]
-py_step() {
-  local name="$1" script="$HERE/$2" limit="$3" rc
-  shift 3
+# py_step <name> <script in the bundle> <limit s> [args...]: with the shipped wheel.
+py_step() { step_with "$WHEEL" "$@"; }
+# hooks_step <name> <script in the bundle> <limit s> [args...]: with the hooks wheel (a
+# script that switches routes in-process with the test seam _handoff._set_route).
+hooks_step() { step_with "$HOOKS_WHEEL" "$@"; }
+
+# step_with <handoff wheel> <name> <script in the bundle> <limit s> [args...]
+step_with() {
+  local wheel="$1" name="$2" script="$HERE/$3" limit="$4" rc
+  shift 4
   if [ -n "${ONLY:-}" ] && [[ "$name" != *"$ONLY"* ]]; then return; fi
   echo "== $name $*"
   local log="$LOGS/$name.log"
-  if [ -z "$WHEEL" ] || [ ! -f "$script" ]; then
-    echo "SKIP $name: no handoff wheel or $(basename "$script") in $HERE" >> "$SUMMARY"; return
+  if [ -z "$wheel" ] || [ ! -f "$script" ]; then
+    echo "SKIP $name: no handoff wheel for it or no $(basename "$script") in $HERE" >> "$SUMMARY"; return
   fi
+  echo "   wheel: ${wheel#"$HERE"/}"
   local tmp; tmp="$(mktemp -d)"
-  install "$tmp/site" "$WHEEL" $COMPARED > "$log" 2>&1
+  { echo "wheel: ${wheel#"$HERE"/}"; install "$tmp/site" "$wheel" $COMPARED; } > "$log" 2>&1
   PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}" timeout "$limit" "$PY" "$script" "$@" >> "$log" 2>&1; rc=$?
   grep -E '^\{|^\||^handoff routes:|SKIPPED:|^note:|CHECK FAILED' "$log" | cut -c1-400 | sed 's/^/   /'
   if [ "$rc" -ne 0 ]; then
@@ -319,15 +411,16 @@ py_step() {
 }
 
 # The GPU checks (JSON lines; exit 1 on a failed check): ordering and lifetime per
-# route; torch_function on CUDA (float64 gradcheck, None gradients, strides,
-# misaligned views); handoff.ordered consumed by cuda.core.
-py_step python_handoff python_gpu_h200.py 300
+# route (each route forced with _set_route: the hooks wheel); torch_function on CUDA
+# (float64 gradcheck, None gradients, strides, misaligned views); handoff.ordered
+# consumed by cuda.core.
+hooks_step python_handoff python_gpu_h200.py 300
 py_step python_gpu_training python_gpu_training.py 200
 py_step python_cuda_core cuda_core_consumer.py 60
 # The host cost of each crossing both ways (256x256 f32, median of 10,000 calls in
-# turns, two rounds); where the JAX layer's dispatch time goes; a host-bound step
-# under cProfile.
-py_step python_host_cost python_host_cost.py 300
+# turns, two rounds; each route forced with _set_route: the hooks wheel); where the JAX
+# layer's dispatch time goes; a host-bound step under cProfile.
+hooks_step python_host_cost python_host_cost.py 300
 py_step python_dispatch_cost dispatch_cost.py 120
 py_step python_profile_step profile_step.py 120 --steps 1500
 # Training through a JAX layer: pure PyTorch, jax2torch, torch-jax-interop,
@@ -375,8 +468,8 @@ fn run(cmd: &mut Command) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    /// The Python part of `cargo xtask test` alone (venv, lint, wheel, pytest):
-    /// `cargo test -p xtask -- --ignored python_suite`.
+    /// The Python part of `cargo xtask test` alone (venv, lint, both wheels, pytest on
+    /// each): `cargo test -p xtask -- --ignored python_suite`.
     #[test]
     #[ignore = "builds the wheel and runs pytest; part of `cargo xtask test`"]
     fn python_suite() {
