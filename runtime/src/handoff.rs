@@ -183,7 +183,7 @@ impl Handoff {
         let released_in_order = value.releases_on(consumer);
         let ready = value.ready_on(consumer)?;
         let release = if released_in_order { Release::Immediately } else { Release::AfterConsumer };
-        let laid = lay_out(&value.describe()?, managed::owner_words::<T>())?;
+        let laid = lay_out(&value.describe()?)?;
         Handoff::wrap(value, laid, consumer, ready, release, Some(T::held_release_stream))
     }
 
@@ -199,7 +199,7 @@ impl Handoff {
         ready: Ready,
         release: Release,
     ) -> Result<Handoff> {
-        let laid = lay_out(&describe(&keep_alive)?, managed::owner_words::<K>())?;
+        let laid = lay_out(&describe(&keep_alive)?)?;
         Handoff::wrap(keep_alive, laid, consumer, ready, release, None)
     }
 
@@ -223,27 +223,26 @@ impl Handoff {
         ready: Ready,
         release: Release,
     ) -> Result<Handoff> {
-        let laid = lay_out(desc, managed::owner_words::<K>())?;
+        let laid = lay_out(desc)?;
         Handoff::wrap(keep_alive, laid, consumer, ready, release, None)
     }
 
     /// Moves `keep_alive` into the tensor [`lay_out`] made room for (its head
     /// borrowing the keep-alive's handle of the consumer stream, when `held` finds one).
+    // Inlined: see `managed::lay_out`.
     #[inline(always)]
     fn wrap<K: Send + 'static>(
         keep_alive: K,
-        (laid, device): (managed::Laid, Device),
+        (laid, device): (managed::Laid<K>, Device),
         consumer: &Stream,
         ready: Ready,
         release: Release,
         held: managed::HeldStream<K>,
     ) -> Result<Handoff> {
-        let prepared = managed::Prepared::<K>::for_owner(laid);
-        let after_consumer = release == Release::AfterConsumer;
-        let f = prepared.finish(consumer, after_consumer, keep_alive, held).map_err(|(e, _)| e)?;
+        let compact = laid.compact;
+        let (managed, head) = laid.finish(consumer, release == Release::AfterConsumer, keep_alive, held)?;
         stats::count(Counter::Exports, 1);
-        let (managed, head, compact) = (ManuallyDrop::new(f.managed), f.head, f.compact);
-        Ok(Handoff { managed, device, head, ready, compact })
+        Ok(Handoff { managed: ManuallyDrop::new(managed), device, head, ready, compact })
     }
 
     /// Takes in a foreign `DLManagedTensorVersioned` that its producer has already
@@ -321,11 +320,11 @@ impl Handoff {
             byte_offset: t.byte_offset,
             flags,
         };
-        let prepared = managed::prepare::<Managed<M>>(&parts)?;
-        let f = prepared.finish(consumer, true, foreign, None).map_err(|(e, _)| e)?;
+        let laid = managed::lay_out::<Managed<M>>(&parts)?;
+        let compact = laid.compact;
+        let (managed, head) = laid.finish(consumer, true, foreign, None)?;
         stats::count(Counter::Imports, 1);
-        let (managed, head, compact) = (ManuallyDrop::new(f.managed), f.head, f.compact);
-        Ok(Handoff { managed, device, head, ready: Ready::Elided, compact })
+        Ok(Handoff { managed: ManuallyDrop::new(managed), device, head, ready: Ready::Elided, compact })
     }
 
     /// Gives the hand-off to a consumer type (counted as an import).
@@ -511,13 +510,11 @@ impl Handoff {
 }
 
 /// Checks a producer's description once, before the keep-alive moves in, and lays it
-/// out with room for an owner of `owner_words` words (the tensor laid out from it is
-/// handoff's own and not read back). Not generic, but inlined, as what it calls and
-/// what calls it are: the laid-out tensor it returns would otherwise be copied
-/// through the stack at each step, and each copy stalls on the stores just made
-/// (about a third of a hand-off's host time, measured).
+/// out with room for an owner of `K` (the tensor laid out from it is handoff's own and
+/// not read back).
+// Inlined: see `managed::lay_out`.
 #[inline(always)]
-fn lay_out(desc: &TensorDesc<'_>, owner_words: usize) -> Result<(managed::Laid, Device)> {
+fn lay_out<K: Send + 'static>(desc: &TensorDesc<'_>) -> Result<(managed::Laid<K>, Device)> {
     let mut flags = DlpackFlags::empty();
     flags.set(DlpackFlags::READ_ONLY, desc.read_only);
     flags.set(DlpackFlags::IS_COPIED, desc.is_copied);
@@ -530,7 +527,7 @@ fn lay_out(desc: &TensorDesc<'_>, owner_words: usize) -> Result<(managed::Laid, 
         byte_offset: desc.byte_offset,
         flags,
     };
-    let laid = managed::lay_out(&parts, owner_words)?;
+    let laid = managed::lay_out::<K>(&parts)?;
     // Compact strides reach exactly the elements: checked as compact, without
     // walking them.
     let parts = if laid.compact { Parts { strides: None, ..parts } } else { parts };

@@ -11,17 +11,14 @@ use dlpark::allocation::dynamic::Allocation;
 use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
 use dlpark::{DlpackFlags, Managed, OpaqueContext};
 use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::mem::{ManuallyDrop, offset_of};
 use std::ptr::NonNull;
 
 /// What every [`Owner`] starts with, whatever its keep-alive: the hand-off's consumer
 /// stream, whether the keep-alive goes back after the consumer's queued work (else at
-/// once), and the thread that made the hand-off.
-///
-/// The hand-off's one handle of its consumer stream lives here, so that
-/// [`Handoff`](crate::Handoff) reads it (and the home) through the context pointer
-/// whatever `K` is: a hand-off clones its consumer stream once, not once for itself
-/// and once more for its release, and not at all when its keep-alive holds a handle
-/// of that stream already (a value released in order on the stream it is handed to).
+/// once), and the thread that made the hand-off. [`Handoff`](crate::Handoff) reads it
+/// through the context pointer, whatever `K` is.
 #[repr(C)]
 pub(crate) struct Head {
     consumer: ConsumerHandle,
@@ -36,9 +33,10 @@ enum ConsumerHandle {
     /// A clone of the consumer's handle.
     Own(Stream),
     /// The handle the keep-alive holds of its release stream, which is the consumer
-    /// stream: a value released in order on the stream it is handed to. Valid while
+    /// stream (a value released in order on the stream it is handed to). Valid while
     /// the owner holds its keep-alive; only for a head that releases at once, whose
     /// drop never reads it (see [`Owner`]'s drop).
+    // Saves a handle's clone and drop; guarded by "device same-stream export + import, drop untimed".
     InKeepAlive(NonNull<Stream>),
 }
 
@@ -69,25 +67,25 @@ impl Head {
 pub(crate) type HeldStream<K> = Option<for<'k> fn(&'k K) -> Option<&'k Stream>>;
 
 /// The DLPack context of a hand-off: its [`Head`] first (`repr(C)`), then the
-/// producer's keep-alive.
+/// producer's keep-alive, dropped once, by the owner's drop.
 #[repr(C)]
 pub(crate) struct Owner<K: Send + 'static> {
     pub head: Head,
-    pub keep_alive: Option<K>,
+    pub keep_alive: ManuallyDrop<K>,
 }
 
 impl<K: Send + 'static> Drop for Owner<K> {
     fn drop(&mut self) {
-        if let Some(k) = self.keep_alive.take() {
-            let head = &self.head;
-            // A head that borrows the keep-alive's handle releases at once (`finish`),
-            // so the handle is not read once `k` has moved.
-            let after = match &head.consumer {
-                ConsumerHandle::Own(stream) if head.after_consumer => Some(stream),
-                _ => None,
-            };
-            reaper::release_for(head.home, after, k);
-        }
+        // SAFETY: taken once, here; nothing reads the keep-alive after its owner's drop.
+        let k = unsafe { ManuallyDrop::take(&mut self.keep_alive) };
+        let head = &self.head;
+        // A head that borrows the keep-alive's handle releases at once (`finish`),
+        // so the handle is not read once `k` has moved.
+        let after = match &head.consumer {
+            ConsumerHandle::Own(stream) if head.after_consumer => Some(stream),
+            _ => None,
+        };
+        reaper::release_for(head.home, after, k);
     }
 }
 
@@ -113,47 +111,39 @@ unsafe impl<K: Send + 'static> OpaqueContext for InPlace<K> {
 
     unsafe fn drop_raw(raw: *mut c_void) {
         if !raw.is_null() {
-            // SAFETY: `raw` is the owner `build` wrote, not dropped yet (above).
+            // SAFETY: `raw` is the owner `finish` wrote, not dropped yet (above).
             unsafe { std::ptr::drop_in_place(raw.cast::<Owner<K>>()) }
         }
     }
 }
 
 /// A managed tensor's allocation with its shape and strides written and room for an
-/// owner of `owner_words` words: what [`lay_out`] checked and laid out while the
+/// [`Owner<K>`] behind them: what [`lay_out`] checked and laid out while the
 /// description is borrowed (from the keep-alive itself), before the keep-alive moves
-/// into it. Not generic, so that every hand-off runs the same code up to its owner.
-pub(crate) struct Laid {
+/// in ([`finish`](Self::finish)). Dropping it frees the allocation.
+pub(crate) struct Laid<K> {
     allocation: Allocation<DLManagedTensorVersioned>,
     /// The strides laid out are the compact ones (given so, or none given).
     pub compact: bool,
     ndim: usize,
-    owner_words: usize,
     data: *mut c_void,
     device: DLDevice,
     dtype: DLDataType,
     byte_offset: u64,
     flags: DlpackFlags,
-}
-
-/// A [`Laid`] allocation with room for an [`Owner<K>`], waiting for it.
-pub(crate) struct Prepared<K> {
-    laid: Laid,
-    owner: std::marker::PhantomData<fn(K)>,
+    owner: PhantomData<fn(K)>,
 }
 
 /// Checks `parts` and lays them out in one allocation that has room for an
-/// [`Owner<K>`] too. Dropping the result frees it.
-pub(crate) fn prepare<K: Send + 'static>(parts: &Parts<'_>) -> Result<Prepared<K>> {
-    lay_out(parts, owner_words::<K>()).map(Prepared::for_owner)
-}
-
-/// Checks `parts` and lays them out in one allocation with `owner_words` words after
-/// the shape and strides. Dropping the result frees it.
+/// [`Owner<K>`] too.
+// Inlined with `finish` and their callers, so no `Laid` is copied through the stack ("host export + drop").
 #[inline(always)]
-pub(crate) fn lay_out(parts: &Parts<'_>, owner_words: usize) -> Result<Laid> {
+pub(crate) fn lay_out<K: Send + 'static>(parts: &Parts<'_>) -> Result<Laid<K>> {
     let strides = dims(parts)?;
     let ndim = parts.shape.len();
+    // The owner's 8-byte words after the shape and strides (which are 8-aligned), with
+    // room to align it.
+    let owner_words = (size_of::<Owner<K>>() + align_of::<Owner<K>>().saturating_sub(8)).div_ceil(8);
     let mut allocation = Allocation::<DLManagedTensorVersioned>::allocate(2 * ndim + owner_words)
         .map_err(|_| ValidationError::ShapeOverflow { shape: parts.shape.to_vec() })?;
     let extra = allocation.extra_mut();
@@ -167,52 +157,27 @@ pub(crate) fn lay_out(parts: &Parts<'_>, owner_words: usize) -> Result<Laid> {
         allocation,
         compact: matches!(strides, Strides::Compact),
         ndim,
-        owner_words,
         data: parts.data,
         device: parts.device,
         dtype: parts.dtype,
         byte_offset: parts.byte_offset,
         flags: parts.flags,
+        owner: PhantomData,
     })
 }
 
-/// The 8-byte words an `Owner<K>` takes after the shape and strides, with room to
-/// align it (those words are 8-aligned).
-pub(crate) const fn owner_words<K: Send + 'static>() -> usize {
-    let align = align_of::<Owner<K>>();
-    (size_of::<Owner<K>>() + align.saturating_sub(8)).div_ceil(8)
-}
-
-/// A finished managed tensor, its owner's [`Head`] (valid until the tensor's deleter
-/// runs), and whether its strides are the compact ones.
-pub(crate) struct Finished {
-    pub managed: Managed<DLManagedTensorVersioned>,
-    pub head: NonNull<Head>,
-    pub compact: bool,
-}
-
-impl<K: Send + 'static> Prepared<K> {
-    /// `laid`, for an owner of `K`: its room is checked when the owner moves in
-    /// ([`finish`](Self::finish)).
-    #[inline(always)]
-    pub(crate) fn for_owner(laid: Laid) -> Prepared<K> {
-        Prepared { laid, owner: std::marker::PhantomData }
-    }
-
-    /// Puts an owner of `keep_alive` in place, its [`Head`] saying `consumer`,
-    /// `after_consumer` and the calling thread, and finishes the managed tensor, whose
-    /// deleter drops the owner (so releases the keep-alive) and frees the allocation.
-    /// On error (none can happen: the rank was checked, and the room laid out for
-    /// `K`) nothing is built and the keep-alive is given back, never seen by a
-    /// consumer. Returns, with the tensor, the owner's [`Head`] (`Owner` is `repr(C)`
-    /// with the head first), valid until the tensor's deleter runs.
-    ///
-    /// Each field is written where it lives, once: an owner built beforehand and
-    /// moved in would be copied through the stack on every hand-off.
+impl<K: Send + 'static> Laid<K> {
+    /// Puts an owner of `keep_alive` in the room laid out for it, its [`Head`] saying
+    /// `consumer`, `after_consumer` and the calling thread, and finishes the managed
+    /// tensor, whose deleter drops the owner (so releases the keep-alive) and frees the
+    /// allocation. Returns, with the tensor, the owner's [`Head`] (`Owner` is `repr(C)`
+    /// with the head first), valid until the tensor's deleter runs. On error (none can
+    /// happen: the rank was checked) the keep-alive is dropped, never seen by a consumer.
     ///
     /// When the release is at once and `held` finds, in the keep-alive, a handle of
     /// `consumer` itself (a value handed to the stream it is released on), the head
     /// points to that handle instead of cloning `consumer`.
+    // Inlined: see `lay_out`.
     #[inline(always)]
     pub(crate) fn finish(
         self,
@@ -220,18 +185,8 @@ impl<K: Send + 'static> Prepared<K> {
         after_consumer: bool,
         keep_alive: K,
         held: HeldStream<K>,
-    ) -> std::result::Result<Finished, (Error, K)> {
-        let Laid {
-            mut allocation,
-            compact,
-            ndim,
-            owner_words: room,
-            data,
-            device,
-            dtype,
-            byte_offset,
-            flags,
-        } = self.laid;
+    ) -> Result<(Managed<DLManagedTensorVersioned>, NonNull<Head>)> {
+        let Laid { mut allocation, ndim, data, device, dtype, byte_offset, flags, .. } = self;
         // Where `held` finds the consumer's handle, asked before anything is built (it
         // is the keep-alive's code): at an offset inside the keep-alive's own bytes,
         // where it is found again once the keep-alive has moved in. A handle behind
@@ -245,54 +200,39 @@ impl<K: Send + 'static> Prepared<K> {
                 }),
             _ => None,
         };
-        if room < owner_words::<K>() {
-            let e = Error::Adapter {
-                adapter: "export",
-                message: format!(
-                    "the hand-off was laid out for an owner of {room} words, not {}",
-                    owner_words::<K>()
-                ),
-            };
-            return Err((e, keep_alive));
-        }
         // The shape, the strides and the owner, through one pointer taken once: the
         // tensor's pointers and the head's derive from it, and a later `extra_mut`
         // would make a new unique borrow of them all, which ends the earlier ones.
         let extra = allocation.extra_mut().as_mut_ptr();
         let at = extra.wrapping_add(2 * ndim) as *mut u8;
         let owner_at = at.wrapping_add(at.align_offset(align_of::<Owner<K>>())) as *mut Owner<K>;
-        // SAFETY: `owner_at` is aligned and inside the allocation (`owner_words` left
-        // room for the alignment); not written yet.
+        // Before the clone: a clone kept across this call stalls on its reload ("host export + drop").
+        let home = reaper::home_here();
+        // SAFETY: `owner_at` is aligned and inside the allocation (`lay_out` left room
+        // for an `Owner<K>` and its alignment); not written yet.
         let context = InPlace(unsafe { NonNull::new_unchecked(owner_at) });
-        // The owner is written only once this succeeded, so nothing is lost if it fails.
-        let mut init = match allocation.initialize(context, ndim) {
-            Ok(init) => init,
-            Err(_) => {
-                let e =
-                    ValidationError::TooManyDims { ndim: ndim.min(i32::MAX as usize) as i32, max: MAX_NDIM };
-                return Err((e.into(), keep_alive));
-            }
+        let Ok(mut init) = allocation.initialize(context, ndim) else {
+            let e = ValidationError::TooManyDims { ndim: ndim.min(i32::MAX as usize) as i32, max: MAX_NDIM };
+            return Err(e.into());
         };
-        // SAFETY: as above: every field of the owner written once, in place. The
-        // deleter drops it; nothing between here and `finish` can fail or run the
-        // keep-alive's code. A borrowed handle is the one `held` found, at the same
-        // offset inside the keep-alive now in place (`k` is its new address), valid
-        // until the owner drops it.
+        let consumer = match held_at {
+            // The handle at the same offset inside the keep-alive once in place (its
+            // `ManuallyDrop` is `repr(transparent)`).
+            Some(offset) => {
+                let at = owner_at.wrapping_byte_add(offset_of!(Owner<K>, keep_alive) + offset);
+                // SAFETY: not null: inside the allocation, as `owner_at` is.
+                ConsumerHandle::InKeepAlive(unsafe { NonNull::new_unchecked(at.cast()) })
+            }
+            None => ConsumerHandle::Own(consumer.clone()),
+        };
+        // SAFETY: as above. From `initialize` on, the deleter drops the owner, so it is
+        // written before anything can fail or unwind (cloning a handle never unwinds),
+        // and nothing before `finish` runs the keep-alive's code. A borrowed handle is
+        // the one `held` found, at the same offset inside the keep-alive once in place,
+        // valid until the owner drops it.
         unsafe {
-            let head = &raw mut (*owner_at).head;
-            (&raw mut (*head).after_consumer).write(after_consumer);
-            (&raw mut (*head).home).write(reaper::home_here());
-            let kept = &raw mut (*owner_at).keep_alive;
-            kept.write(Some(keep_alive));
-            // The keep-alive is in place, where it stays until the owner drops it.
-            let handle = match (held_at, &*kept) {
-                (Some(offset), Some(k)) => {
-                    let at = (k as *const K).byte_add(offset).cast::<Stream>();
-                    ConsumerHandle::InKeepAlive(NonNull::new_unchecked(at.cast_mut()))
-                }
-                _ => ConsumerHandle::Own(consumer.clone()),
-            };
-            (&raw mut (*head).consumer).write(handle);
+            let head = Head { consumer, after_consumer, home };
+            owner_at.write(Owner { head, keep_alive: ManuallyDrop::new(keep_alive) });
         }
         let t = init.tensor_mut();
         t.shape = extra;
@@ -308,7 +248,7 @@ impl<K: Send + 'static> Prepared<K> {
         let managed = unsafe { init.finish() };
         // SAFETY: `owner_at` is not null (above); `Owner` is `repr(C)` with the head first.
         let head = unsafe { NonNull::new_unchecked(owner_at.cast::<Head>()) };
-        Ok(Finished { managed, head, compact })
+        Ok((managed, head))
     }
 }
 
@@ -391,11 +331,9 @@ mod tests {
     fn the_owner_lives_in_the_allocation_aligned_and_is_dropped_once() {
         let drops = Arc::new(AtomicUsize::new(0));
         for shape in [&[][..], &[0, 3][..], &[2, 3, 4][..]] {
-            let prepared = prepare::<Wide>(&parts(shape)).unwrap();
-            let Finished { managed, head, compact } = prepared
-                .finish(&Stream::host(), false, Wide(drops.clone()), None)
-                .unwrap_or_else(|_| panic!("finish {shape:?}"));
-            assert!(compact, "{shape:?}: no strides given, so compact ones laid out");
+            let laid = lay_out::<Wide>(&parts(shape)).unwrap();
+            assert!(laid.compact, "{shape:?}: no strides given, so compact ones laid out");
+            let (managed, head) = laid.finish(&Stream::host(), false, Wide(drops.clone()), None).unwrap();
             // SAFETY: valid until the deleter runs (below).
             assert!(unsafe { head.as_ref() }.consumer().is_host());
             // SAFETY: owned and just built.
@@ -443,12 +381,12 @@ mod tests {
         ] {
             let k = Holds { inline: stream.clone(), boxed: Box::new(stream.clone()) };
             let before = handles();
-            let prepared = prepare::<Holds>(&parts(&[2, 3])).unwrap();
-            let f = prepared.finish(consumer, after, k, held).unwrap_or_else(|_| panic!("{what}"));
+            let laid = lay_out::<Holds>(&parts(&[2, 3])).unwrap();
+            let (managed, head) = laid.finish(consumer, after, k, held).unwrap();
             // SAFETY: the head and owner `finish` wrote, valid until the managed tensor
             // is dropped (below).
-            let (head, owner) = unsafe { (f.head.as_ref(), &*f.head.as_ptr().cast::<Owner<Holds>>()) };
-            let k = owner.keep_alive.as_ref().expect("the keep-alive is in place");
+            let (head, owner) = unsafe { (head.as_ref(), &*head.as_ptr().cast::<Owner<Holds>>()) };
+            let k = &*owner.keep_alive;
             if borrowed {
                 assert_eq!(handles(), before, "{what}: no handle cloned");
                 assert!(
@@ -460,25 +398,10 @@ mod tests {
                 assert_eq!(handles(), before + own, "{what}: the head holds a clone of its own");
             }
             assert!(head.consumer() == consumer, "{what}");
-            drop(f.managed);
+            drop(managed);
             crate::reaper::flush();
             assert_eq!(handles(), before - 2, "{what}: every handle let go once");
         }
-    }
-
-    #[test]
-    fn an_owner_is_refused_room_it_was_not_laid_out_for_and_given_back() {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let laid = lay_out(&parts(&[2, 3]), 0).unwrap();
-        let Err((e, back)) =
-            Prepared::<Wide>::for_owner(laid).finish(&Stream::host(), false, Wide(drops.clone()), None)
-        else {
-            panic!("an owner moved into an allocation without room for it");
-        };
-        assert!(e.to_string().contains("laid out for an owner of 0 words"), "{e}");
-        assert_eq!(drops.load(Ordering::SeqCst), 0, "given back, not dropped");
-        drop(back);
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 
     #[test]
@@ -487,11 +410,11 @@ mod tests {
             [(&[2i64, -1][..], None), (&[2, 3][..], Some(&[1i64][..])), (&[i64::MAX, 4][..], None)]
         {
             let p = Parts { strides, ..parts(shape) };
-            assert!(prepare::<Wide>(&p).is_err(), "{shape:?} {strides:?}");
+            assert!(lay_out::<Wide>(&p).is_err(), "{shape:?} {strides:?}");
         }
         let too_many = [1i64; MAX_NDIM as usize + 1];
         assert!(matches!(
-            prepare::<Wide>(&parts(&too_many)),
+            lay_out::<Wide>(&parts(&too_many)),
             Err(Error::Validation(ValidationError::TooManyDims { .. }))
         ));
     }
