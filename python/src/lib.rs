@@ -42,7 +42,6 @@ mod jax_api;
 mod keep_alive;
 mod lifecycle;
 mod main_thread;
-#[cfg(feature = "test-hooks")]
 mod mock;
 mod ordered;
 mod streams;

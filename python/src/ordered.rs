@@ -4,7 +4,6 @@
 use crate::cai;
 use crate::capsule::{self, Adopted, Taken};
 use crate::errors;
-#[cfg(feature = "test-hooks")]
 use crate::mock::MockConsumer;
 use crate::streams::{self, Consumer, Requested};
 use crate::torch_api::Torch;
@@ -22,23 +21,6 @@ use pyo3::types::{PyDict, PyTuple};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Without the `test-hooks` feature (the wheel users install) there is no simulated
-/// consumer stream: this type has no value, so `Ordered::mock` is always `None` and the
-/// compiler drops every branch on it.
-#[cfg(not(feature = "test-hooks"))]
-pub enum MockConsumer {}
-
-#[cfg(not(feature = "test-hooks"))]
-impl MockConsumer {
-    fn stream(&self) -> &handoff_runtime::Stream {
-        match *self {}
-    }
-
-    fn consumer_work(&self) {
-        match *self {}
-    }
-}
 
 /// Where the wrapped object's tensor comes from.
 enum Source {
