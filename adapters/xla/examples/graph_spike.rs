@@ -23,12 +23,12 @@
 //! own command buffers would nest a capture in ours) unless `--keep-command-buffers`.
 //!
 //! ```text
-//! graph_spike [--replays 1000] [--keep-command-buffers] [--mode relaxed|thread_local|global]
+//! graph_spike [--replays 1000] [--keep-command-buffers] [--eager-during] [--mode relaxed|thread_local|global]
 //! ```
 
 #[cfg(feature = "cuda")]
 mod spike {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use cudarc::driver::sys::CUstreamCaptureMode;
     use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
     use handoff_runtime::dtype::DataType;
     use handoff_runtime::{Device, Export, Handoff, Ready, Release, Stream, TensorDesc, stats};
@@ -40,7 +40,7 @@ mod spike {
 
     fn gelu_scale(x: f32) -> f32 {
         let inner = 0.797_884_6 * (x + 0.044715 * x * x * x);
-        x * 0.5 * (1.0 + inner.tanh()) * 1.1
+        x * 0.5 * (1.0 + inner.tanh()) * 1.1 + 0.5
     }
 
     /// The handoff stream of a cudarc stream, keeping it alive.
@@ -104,6 +104,202 @@ mod spike {
         let r = unsafe { cudarc::driver::sys::cuStreamIsCapturing(raw as _, &mut status) };
         format!("{status:?} ({r:?})")
     }
+
+    /// The graph S is capturing, as far as it goes: every node's type (a kernel's name, a
+    /// host node's function), and the leaves S does not depend on (what EndCapture calls
+    /// unjoined work). With `join`, S is made to depend on those leaves too. Writes the
+    /// graph in DOT to `$SPIKE_DOT` when set.
+    fn inspect_capture(raw: u64, join: bool) {
+        use cudarc::driver::sys as cu;
+        let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let (mut id, mut graph, mut deps, mut edges, mut ndeps) =
+            (0u64, std::ptr::null_mut(), std::ptr::null(), std::ptr::null(), 0usize);
+        // SAFETY: `raw` is a live stream; every out-pointer is valid.
+        let r = unsafe {
+            cu::cuStreamGetCaptureInfo_v3(
+                raw as _,
+                &mut status,
+                &mut id,
+                &mut graph,
+                &mut deps,
+                &mut edges,
+                &mut ndeps,
+            )
+        };
+        println!("spike: capture info {r:?}: status {status:?}, id {id}, {ndeps} dependencies of S");
+        if graph.is_null() {
+            return;
+        }
+        let s_deps: Vec<cu::CUgraphNode> = if ndeps == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: `deps` holds `ndeps` nodes, valid until the next capture call on S.
+            unsafe { std::slice::from_raw_parts(deps, ndeps) }.to_vec()
+        };
+        if let Some(path) = std::env::var_os("SPIKE_DOT") {
+            let c = std::ffi::CString::new(path.to_string_lossy().as_bytes()).unwrap();
+            // SAFETY: `graph` is the capturing graph; `c` a NUL-terminated path.
+            let r = unsafe { cu::cuGraphDebugDotPrint(graph, c.as_ptr(), 1 | 2 | 4 | 8 | 0x400 | 0x800) };
+            println!("spike: DOT of the capture: {r:?}");
+        }
+        let mut n = 0usize;
+        // SAFETY: counting the nodes of a live graph.
+        unsafe { cu::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) };
+        let mut nodes = vec![std::ptr::null_mut(); n];
+        // SAFETY: `nodes` has room for `n`.
+        unsafe { cu::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) };
+        let mut leaves = Vec::new();
+        for (i, &node) in nodes.iter().enumerate() {
+            let mut ty = cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            let mut out = 0usize;
+            // SAFETY: `node` is a node of the graph; out-pointers valid.
+            unsafe {
+                cu::cuGraphNodeGetType(node, &mut ty);
+                cu::cuGraphNodeGetDependentNodes_v2(
+                    node,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    &mut out,
+                );
+            }
+            let what = match ty {
+                cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => {
+                    // SAFETY: a plain C struct, all zeroes valid.
+                    let mut p: cu::CUDA_KERNEL_NODE_PARAMS_v2 = unsafe { std::mem::zeroed() };
+                    let mut name = std::ptr::null();
+                    // SAFETY: a kernel node; `p` and `name` valid out-pointers.
+                    unsafe {
+                        cu::cuGraphKernelNodeGetParams_v2(node, &mut p);
+                        cu::cuFuncGetName(&mut name, p.func);
+                    }
+                    if name.is_null() {
+                        "kernel".to_string()
+                    } else {
+                        // SAFETY: the driver's NUL-terminated name.
+                        format!("kernel {}", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
+                    }
+                }
+                cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST => {
+                    // SAFETY: plain C structs, all zeroes valid.
+                    let mut p: cu::CUDA_HOST_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                    // SAFETY: as above.
+                    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+                    // SAFETY: a host node; `p`, `info` valid out-pointers.
+                    unsafe {
+                        cu::cuGraphHostNodeGetParams(node, &mut p);
+                        libc::dladdr(p.fn_.map_or(std::ptr::null(), |f| f as *const libc::c_void), &mut info);
+                    }
+                    let sym = if info.dli_sname.is_null() {
+                        "?".into()
+                    } else {
+                        // SAFETY: dladdr's NUL-terminated symbol name.
+                        unsafe { std::ffi::CStr::from_ptr(info.dli_sname) }.to_string_lossy().into_owned()
+                    };
+                    format!("host fn {sym}")
+                }
+                t => format!("{t:?}"),
+            };
+            let in_s = s_deps.contains(&node);
+            println!(
+                "spike: node {i}: {what}; {out} dependents{}",
+                if in_s { "; S depends on it" } else { "" }
+            );
+            if out == 0 && !in_s {
+                leaves.push(node);
+            }
+        }
+        println!("spike: {} leaves S does not depend on", leaves.len());
+        if join && !leaves.is_empty() {
+            // SAFETY: `leaves` are nodes of S's capture graph.
+            let r = unsafe {
+                cu::cuStreamUpdateCaptureDependencies_v2(
+                    raw as _,
+                    leaves.as_mut_ptr(),
+                    std::ptr::null(),
+                    leaves.len(),
+                    cu::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_ADD_CAPTURE_DEPENDENCIES as u32,
+                )
+            };
+            println!("spike: S made to depend on them: {r:?}");
+        }
+    }
+
+    /// Ends S's capture: S is made to depend on every leaf of the captured graph (PJRT's
+    /// work on its own streams, forked into the capture and not joined), PJRT's host
+    /// callbacks are taken out (a replay would run each again, and each frees its data
+    /// when it runs) with their edges bridged, and the graph is instantiated. Returns the
+    /// executable graph and the callbacks, in the order they were captured.
+    fn end_capture(raw: u64) -> Result<(cudarc::driver::sys::CUgraphExec, Vec<Callback>), String> {
+        use cudarc::driver::sys as cu;
+        inspect_capture(raw, true);
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: `raw` is capturing; `graph` a valid out-pointer.
+        unsafe { cu::cuStreamEndCapture(raw as _, &mut graph) }
+            .result()
+            .map_err(|e| format!("cuStreamEndCapture failed: {e:?}"))?;
+        let mut n = 0usize;
+        // SAFETY: a live graph; counting then listing its nodes.
+        unsafe { cu::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) };
+        let mut nodes = vec![std::ptr::null_mut(); n];
+        // SAFETY: a live graph; listing its nodes into room for `n`.
+        unsafe { cu::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) };
+        let list = |node, deps: bool| -> Vec<cu::CUgraphNode> {
+            let mut k = 0usize;
+            // SAFETY: a node of the live graph; `out` null or room for `k`.
+            let get = |out: *mut cu::CUgraphNode, k: &mut usize| unsafe {
+                if deps {
+                    cu::cuGraphNodeGetDependencies_v2(node, out, std::ptr::null_mut(), k)
+                } else {
+                    cu::cuGraphNodeGetDependentNodes_v2(node, out, std::ptr::null_mut(), k)
+                }
+            };
+            get(std::ptr::null_mut(), &mut k);
+            let mut v = vec![std::ptr::null_mut(); k];
+            get(v.as_mut_ptr(), &mut k);
+            v
+        };
+        let mut callbacks = Vec::new();
+        for node in nodes {
+            let mut ty = cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: a node of the live graph.
+            unsafe { cu::cuGraphNodeGetType(node, &mut ty) };
+            if ty != cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST {
+                continue;
+            }
+            // SAFETY: a plain C struct, all zeroes valid.
+            let mut p: cu::CUDA_HOST_NODE_PARAMS = unsafe { std::mem::zeroed() };
+            // SAFETY: a host node; `p` a valid out-pointer.
+            unsafe { cu::cuGraphHostNodeGetParams(node, &mut p) };
+            let (before, after) = (list(node, true), list(node, false));
+            for &b in &before {
+                for &a in &after {
+                    // SAFETY: two nodes of the graph; one edge.
+                    unsafe { cu::cuGraphAddDependencies_v2(graph, &b, &a, std::ptr::null(), 1) }
+                        .result()
+                        .map_err(|e| format!("bridging a host node: {e:?}"))?;
+                }
+            }
+            // SAFETY: the node is removed; its edges were bridged.
+            unsafe { cu::cuGraphDestroyNode(node) }
+                .result()
+                .map_err(|e| format!("cuGraphDestroyNode: {e:?}"))?;
+            if let Some(f) = p.fn_ {
+                callbacks.push((f, p.userData));
+            }
+        }
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: a live graph; `exec` a valid out-pointer.
+        unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }
+            .result()
+            .map_err(|e| format!("cuGraphInstantiate failed: {e:?}"))?;
+        // SAFETY: the executable graph holds what it needs; the graph is not used again.
+        unsafe { cu::cuGraphDestroy(graph) };
+        Ok((exec, callbacks))
+    }
+
+    type HostFn = unsafe extern "C" fn(*mut std::ffi::c_void);
+    /// A host callback taken out of the graph: its function and data.
+    type Callback = (HostFn, *mut std::ffi::c_void);
 
     pub fn main() -> i32 {
         let args: Vec<String> = std::env::args().collect();
@@ -184,12 +380,13 @@ mod spike {
         if let Ok(ready) = client.device(0).and_then(|d| client.ready_stream(&d)) {
             println!("spike: in the capture, XLA's ready stream is {}", capturing(ready.raw()));
         }
-        let graph = s.end_capture(CUgraphInstantiate_flags(0));
-        let ((y_buffer, out_address), graph) = match (captured, graph) {
-            (Ok(c), Ok(Some(g))) => {
+        let ended = end_capture(s.cu_stream() as u64);
+        let ((y_buffer, out_address), (graph, callbacks)) = match (captured, ended) {
+            (Ok(c), Ok(g)) => {
                 println!(
-                    "spike: captured (status during capture {status:?}); {}",
-                    stats::stats().since(&before)
+                    "spike: captured (status during capture {status:?}); {}; {} host callbacks taken out of the graph",
+                    stats::stats().since(&before),
+                    g.1.len()
                 );
                 (c, g)
             }
@@ -200,19 +397,13 @@ mod spike {
                 );
                 return 1;
             }
-            (Ok(_), Ok(None)) => {
-                println!("RESULT: the capture ended with no graph (status during capture {status:?})");
-                return 1;
-            }
             (Ok(_), Err(e)) => {
-                println!(
-                    "RESULT: cuStreamEndCapture/cuGraphInstantiate failed: {e:?} (status during capture {status:?})"
-                );
+                println!("RESULT: {e} (status during capture {status:?})");
                 return 1;
             }
         };
-
         // Replays: a new input before each, outside the graph; the output read back.
+        let eager_during = args.iter().any(|a| a == "--eager-during");
         let mut right = 0;
         let mut checked = 0;
         let mut replay_us = Vec::new();
@@ -220,11 +411,20 @@ mod spike {
             let host = input(i);
             s.memcpy_htod(&host, &mut x).expect("new input");
             let t = Instant::now();
-            if let Err(e) = graph.launch() {
+            // SAFETY: `graph` is a live executable graph; S a live stream.
+            let r = unsafe { cudarc::driver::sys::cuGraphLaunch(graph, s.cu_stream() as _) };
+            if let Err(e) = r.result() {
                 println!("RESULT: replay {i}: cuGraphLaunch failed: {e:?}");
                 return 1;
             }
             replay_us.push(t.elapsed().as_secs_f64() * 1e6);
+            if eager_during
+                && i % 100 == 0
+                && let Err(e) = step(&client, &kernel, &x, &s)
+            {
+                println!("RESULT: an eager step while the graph lives failed: {e}");
+                return 1;
+            }
             if i % 50 == 0 || i == replays {
                 let mut got = vec![0f32; N];
                 // SAFETY: `out_address` is the output buffer's data (N f32), alive with `y_buffer`.
@@ -256,7 +456,21 @@ mod spike {
             replay_us[replay_us.len() / 2],
             y_buffer.shape()
         );
-        if right == checked { 0 } else { 1 }
+        // The graph's end: PJRT's callbacks run once, on S after the last replay (what they
+        // release lived as long as the graph), then an eager step checks PJRT still works.
+        for (f, data) in callbacks {
+            // SAFETY: each callback was PJRT's, taken out of the graph unrun; it runs once.
+            let r = unsafe { cudarc::driver::sys::cuLaunchHostFunc(s.cu_stream() as _, Some(f), data) };
+            println!("spike: PJRT's callback launched on S: {r:?}");
+        }
+        // SAFETY: the graph is not used after this.
+        unsafe { cudarc::driver::sys::cuGraphExecDestroy(graph) };
+        drop(y_buffer);
+        s.synchronize().expect("sync");
+        let after = (0..3).all(|_| step(&client, &kernel, &x, &s).is_ok());
+        s.synchronize().expect("sync");
+        println!("spike: eager steps after the graph's end: {}", if after { "ok" } else { "FAILED" });
+        if right == checked && after { 0 } else { 1 }
     }
 }
 
