@@ -11,6 +11,7 @@
 //! - [`transfer`], [`transfer_into`]: the generic entry points, over [`Exportable`],
 //!   [`Importable`] and [`ImportInto`] (imports that need a context, such as an XLA client).
 //! - [`stats()`] and [`mod@stats`]: counters of every record, wait, elision, copy and host sync.
+//! - [`graph`]: hand-offs made while a stream captures a CUDA graph.
 //! - [`mock`]: a simulated device with a hazard checker, for tests without a GPU.
 //!
 //! ```
@@ -33,6 +34,7 @@ mod device;
 mod dims;
 pub mod dtype;
 mod error;
+pub mod graph;
 mod handoff;
 mod managed;
 pub mod mock;

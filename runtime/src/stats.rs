@@ -42,6 +42,10 @@ pub(crate) enum Counter {
     ReleasesImmediate,
     /// Keep-alives handed to the reaper behind an event.
     ReleasesDeferred,
+    /// Keep-alives whose consumer stream was capturing a graph (a CUDA graph): kept
+    /// until that graph is destroyed, since every replay uses their memory. See
+    /// [`crate::graph`].
+    ReleasesWithGraph,
     /// Keep-alives leaked on purpose, never dropped: the device could not say whether
     /// work using their memory was done (a failed event record, query or
     /// synchronize), the exit drain's deadline passed, or the release was asked for in
@@ -180,6 +184,8 @@ pub struct Stats {
     pub releases_immediate: u64,
     /// See `ReleasesDeferred`.
     pub releases_deferred: u64,
+    /// See `ReleasesWithGraph`.
+    pub releases_with_graph: u64,
     /// See `Stats::releases_leaked`.
     pub releases_leaked: u64,
 }
@@ -198,6 +204,7 @@ impl Stats {
             bytes_copied: get(Counter::BytesCopied as usize),
             releases_immediate: get(Counter::ReleasesImmediate as usize),
             releases_deferred: get(Counter::ReleasesDeferred as usize),
+            releases_with_graph: get(Counter::ReleasesWithGraph as usize),
             releases_leaked: get(Counter::ReleasesLeaked as usize),
         }
     }
@@ -215,6 +222,7 @@ impl Stats {
             self.bytes_copied,
             self.releases_immediate,
             self.releases_deferred,
+            self.releases_with_graph,
             self.releases_leaked,
         ]
     }
@@ -231,7 +239,7 @@ impl std::fmt::Display for Stats {
         write!(
             f,
             "exports {}, imports {}, waits enqueued {}, waits elided {}, events recorded {}, \
-             events created {}, host syncs {}, copies {} ({} bytes), releases immediate {}, deferred {}, leaked {}",
+             events created {}, host syncs {}, copies {} ({} bytes), releases immediate {}, deferred {}, with a graph {}, leaked {}",
             self.exports,
             self.imports,
             self.waits_enqueued,
@@ -243,6 +251,7 @@ impl std::fmt::Display for Stats {
             self.bytes_copied,
             self.releases_immediate,
             self.releases_deferred,
+            self.releases_with_graph,
             self.releases_leaked
         )
     }

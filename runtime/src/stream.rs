@@ -67,6 +67,29 @@ pub trait Backend: std::any::Any + Send + Sync {
     fn is_thread_relative(&self, _stream: RawStream) -> bool {
         false
     }
+    /// Whether `stream` is capturing a graph (a CUDA graph): work enqueued there is
+    /// recorded into the graph, not run, so no event recorded there can be asked
+    /// whether it completed. Never blocks. The default: streams never capture.
+    fn is_capturing(&self, _stream: RawStream) -> Result<bool> {
+        Ok(false)
+    }
+    /// Keeps `keep_alive` until the graph `stream` is capturing is destroyed and every
+    /// launch of it is done, then drops it on a thread of handoff's (see
+    /// [`crate::graph`]). Called only where [`is_capturing`](Self::is_capturing) said
+    /// so; on failure, `keep_alive` comes back (and is leaked, as a replay may use it).
+    /// The default cannot: it says so.
+    fn keep_with_graph(
+        &self,
+        stream: RawStream,
+        keep_alive: crate::graph::Kept,
+    ) -> std::result::Result<(), (Error, crate::graph::Kept)> {
+        let reason = format!(
+            "the {} backend cannot keep memory for a graph of {}",
+            self.name(),
+            self.describe_stream(stream)
+        );
+        Err((Error::Backend { backend: self.name(), call: "keep_with_graph", message: reason }, keep_alive))
+    }
 }
 
 /// Free events of one device, reused so that a steady state creates none.
@@ -431,6 +454,15 @@ impl Stream {
         self.backend.wait(self.raw, event.raw)?;
         stats::count(Counter::WaitsEnqueued, 1);
         Ok(())
+    }
+
+    /// Whether this stream is capturing a graph (see [`Backend::is_capturing`]); the
+    /// host stream never is.
+    pub fn is_capturing(&self) -> Result<bool> {
+        if self.is_host() {
+            return Ok(false);
+        }
+        self.backend.is_capturing(self.raw)
     }
 
     /// Blocks the host until all work enqueued on this stream so far is done

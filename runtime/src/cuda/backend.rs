@@ -256,4 +256,16 @@ impl Backend for CudaBackend {
     fn is_thread_relative(&self, stream: RawStream) -> bool {
         stream == CU_STREAM_PER_THREAD
     }
+
+    fn is_capturing(&self, stream: RawStream) -> Result<bool> {
+        self.capture_graph(stream).map(|g| g.is_some())
+    }
+
+    fn keep_with_graph(
+        &self,
+        stream: RawStream,
+        keep_alive: crate::graph::Kept,
+    ) -> std::result::Result<(), (Error, crate::graph::Kept)> {
+        self.keep(stream, keep_alive)
+    }
 }

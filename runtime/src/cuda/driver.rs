@@ -32,6 +32,9 @@ pub(crate) const SYMBOLS: &[&str] = &[
     "cuEventQuery",
     "cuEventSynchronize",
     "cuStreamWaitEvent",
+    "cuStreamGetCaptureInfo_v3",
+    "cuUserObjectCreate",
+    "cuGraphRetainUserObject",
     "cuGetErrorName",
     "cuGetErrorString",
 ];

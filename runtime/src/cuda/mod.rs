@@ -40,6 +40,7 @@
 
 mod backend;
 mod driver;
+mod graph;
 
 pub use driver::{LIBRARY, driver_calls, driver_calls_total};
 

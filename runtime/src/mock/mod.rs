@@ -47,9 +47,15 @@ pub struct BufferId(pub(crate) usize);
 
 struct World {
     sim: Mutex<Sim>,
+    /// The streams capturing a graph, with what their graph keeps so far.
+    captures: Mutex<HashMap<RawStream, Vec<crate::graph::Kept>>>,
 }
 
 impl World {
+    fn captures(&self) -> MutexGuard<'_, HashMap<RawStream, Vec<crate::graph::Kept>>> {
+        self.captures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn sim(&self) -> MutexGuard<'_, Sim> {
         // A panic in a test's kernel effect must not hide later hazards.
         self.sim.lock().unwrap_or_else(|p| p.into_inner())
@@ -72,7 +78,8 @@ impl Default for Mock {
 impl Mock {
     /// A new world at time 0 with no streams.
     pub fn new() -> Mock {
-        Mock { world: Arc::new(World { sim: Mutex::new(Sim::default()) }), backends: Arc::default() }
+        let world = World { sim: Mutex::new(Sim::default()), captures: Mutex::default() };
+        Mock { world: Arc::new(world), backends: Arc::default() }
     }
 
     fn backend(&self, device: u32) -> Arc<MockBackend> {
@@ -88,6 +95,21 @@ impl Mock {
     pub fn stream(&self, device: u32, name: &str) -> Stream {
         let raw = self.world.sim().add_stream(device, name);
         Stream::new(self.backend(device), raw)
+    }
+
+    /// Makes `stream` capture a graph, as `cuStreamBeginCapture` does, for the capture
+    /// bookkeeping only ([`crate::graph`]): releases on it are kept with the graph until
+    /// [`end_capture`](Self::end_capture)'s graph is dropped. Kernels still run at once.
+    pub fn begin_capture(&self, stream: &Stream) {
+        self.world.captures().insert(stream.raw(), Vec::new());
+    }
+
+    /// Ends `stream`'s capture: the graph, which keeps what releases asked during the
+    /// capture until it is dropped. Panics if `stream` was not capturing.
+    pub fn end_capture(&self, stream: &Stream) -> MockGraph {
+        let kept =
+            self.world.captures().remove(&stream.raw()).expect("end_capture: the stream was not capturing");
+        MockGraph { kept }
     }
 
     /// The event pool of a mock device.
@@ -285,6 +307,50 @@ impl Backend for MockBackend {
     }
     fn describe_stream(&self, stream: RawStream) -> String {
         self.world.sim().stream_name(stream)
+    }
+    fn is_capturing(&self, stream: RawStream) -> Result<bool> {
+        Ok(self.world.captures().contains_key(&stream))
+    }
+    fn keep_with_graph(
+        &self,
+        stream: RawStream,
+        keep_alive: crate::graph::Kept,
+    ) -> std::result::Result<(), (Error, crate::graph::Kept)> {
+        match self.world.captures().get_mut(&stream) {
+            Some(kept) => {
+                kept.push(keep_alive);
+                Ok(())
+            }
+            None => Err((
+                Error::Backend {
+                    backend: "mock",
+                    call: "keep_with_graph",
+                    message: format!("{stream} is not capturing"),
+                },
+                keep_alive,
+            )),
+        }
+    }
+}
+
+/// A graph a mock stream captured ([`Mock::end_capture`]): it keeps what releases
+/// asked during the capture, and does those releases when dropped.
+pub struct MockGraph {
+    kept: Vec<crate::graph::Kept>,
+}
+
+impl MockGraph {
+    /// How many releases the graph keeps.
+    pub fn kept(&self) -> usize {
+        self.kept.len()
+    }
+}
+
+impl Drop for MockGraph {
+    fn drop(&mut self) {
+        for release in self.kept.drain(..) {
+            release();
+        }
     }
 }
 

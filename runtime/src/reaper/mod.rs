@@ -297,9 +297,26 @@ pub(crate) fn release_for<K: Send + 'static>(
         });
         return;
     }
+    if let Ok(true) = stream.is_capturing() {
+        keep_with_graph(stream, home, keep_alive);
+        return;
+    }
     if let Err((e, keep_alive)) = defer(stream, keep_alive, home) {
         leak(keep_alive);
         report_leak(|| format!("recording a release event on {stream:?} failed ({e})"));
+    }
+}
+
+/// Keeps `keep_alive` with the graph `stream` is capturing, to be given back to its
+/// home once the graph is destroyed ([`crate::graph`]); leaks it if the backend cannot.
+fn keep_with_graph<K: Send + 'static>(stream: &Stream, home: Option<home::Home>, keep_alive: K) {
+    let release: crate::graph::Kept = Box::new(move || home::give(home, keep_alive));
+    match stream.backend().keep_with_graph(stream.raw(), release) {
+        Ok(()) => stats::count(Counter::ReleasesWithGraph, 1),
+        Err((e, release)) => {
+            leak(release);
+            report_leak(|| format!("keeping a release with the graph {stream:?} captures failed ({e})"));
+        }
     }
 }
 

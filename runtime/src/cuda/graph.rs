@@ -1,0 +1,148 @@
+//! CUDA graph captures ([`crate::graph`]): whether a stream captures, and memory kept
+//! with the graph being captured as a CUDA user object, whose destructor the driver
+//! runs once the graph and its executable graphs are destroyed and their launches done.
+
+use super::backend::{CU_STREAM_LEGACY, CudaBackend, LEGACY, describe};
+use super::driver::{backend_error, check, count_calls};
+use crate::error::{Error, Result};
+use crate::graph::Kept;
+use crate::stream::RawStream;
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+use std::sync::mpsc::{Sender, channel};
+
+impl CudaBackend {
+    /// The graph `stream` is capturing, if it is: `cuStreamGetCaptureInfo`, which
+    /// never blocks. The legacy default stream never captures (CUDA forbids it).
+    pub(crate) fn capture_graph(&self, stream: RawStream) -> Result<Option<sys::CUgraph>> {
+        if stream == LEGACY || stream == CU_STREAM_LEGACY {
+            return Ok(None);
+        }
+        let _ctx = self.enter()?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        count_calls(1);
+        // SAFETY: `stream` is a stream of this device's primary context, borrowed from
+        // its owner; the out-pointers are valid, the null ones are allowed.
+        check(unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                stream as usize as sys::CUstream,
+                &mut status,
+                std::ptr::null_mut(),
+                &mut graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        })
+        .map_err(|e| {
+            backend_error("cuStreamGetCaptureInfo", e, format_args!("stream {}", self.describe(stream)))
+        })?;
+        match status {
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(None),
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(Some(graph)),
+            _ => Err(Error::Backend {
+                backend: "cuda",
+                call: "cuStreamGetCaptureInfo",
+                message: format!(
+                    "the capture on stream {} was invalidated by an earlier error",
+                    self.describe(stream)
+                ),
+            }),
+        }
+    }
+
+    /// Keeps `release` with the graph `stream` captures (see [`crate::graph`]).
+    pub(crate) fn keep(&self, stream: RawStream, release: Kept) -> std::result::Result<(), (Error, Kept)> {
+        let graph = match self.capture_graph(stream) {
+            Ok(Some(graph)) => graph,
+            Ok(None) => {
+                let e = Error::Backend {
+                    backend: "cuda",
+                    call: "cuStreamGetCaptureInfo",
+                    message: format!("stream {} is not capturing", self.describe(stream)),
+                };
+                return Err((e, release));
+            }
+            Err(e) => return Err((e, release)),
+        };
+        keep_with(graph, release)
+    }
+
+    fn describe(&self, stream: RawStream) -> String {
+        describe(self.ordinal(), stream)
+    }
+}
+
+/// Attaches `release` to `graph` (a graph under capture, or built) as a user object
+/// the graph owns: run once the graph, and every executable graph made from it, are
+/// destroyed and their launches done.
+pub(crate) fn keep_with(graph: sys::CUgraph, release: Kept) -> std::result::Result<(), (Error, Kept)> {
+    let data = Box::into_raw(Box::new(release));
+    let mut object: sys::CUuserObject = std::ptr::null_mut();
+    count_calls(1);
+    // SAFETY: `data` is a live box, owned by the object from now on (its destructor
+    // takes it back); CUDA requires the no-destructor-sync flag.
+    let created = check(unsafe {
+        sys::cuUserObjectCreate(
+            &mut object,
+            data.cast(),
+            Some(graph_released),
+            1,
+            sys::CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32,
+        )
+    });
+    if let Err(e) = created {
+        // SAFETY: the object was not made, so `data` is still ours alone.
+        let release = *unsafe { Box::from_raw(data) };
+        return Err((backend_error("cuUserObjectCreate", e, format_args!("graph {graph:p}")), release));
+    }
+    count_calls(1);
+    // SAFETY: `graph` is a live graph and `object` the user object just made; the one
+    // reference is moved to the graph.
+    let retained = check(unsafe {
+        sys::cuGraphRetainUserObject(
+            graph,
+            object,
+            1,
+            sys::CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE as u32,
+        )
+    });
+    retained.map_err(|e| {
+        // The object (and `data`, which it owns) is never released: a release that
+        // cannot be tied to the graph is not done, as a replay may use its memory.
+        let nothing: Kept = Box::new(|| {});
+        (backend_error("cuGraphRetainUserObject", e, format_args!("graph {graph:p}")), nothing)
+    })
+}
+
+/// The user object's destructor. CUDA runs it on a thread of its own, where no CUDA
+/// call may be made, so it only passes the release to handoff's thread that does it.
+unsafe extern "C" fn graph_released(data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `data` is the box `keep_with` gave the user object, given back once.
+        let release = *unsafe { Box::from_raw(data.cast::<Kept>()) };
+        releaser().send(release).ok();
+    }));
+}
+
+/// The thread that does what graphs kept, once they are gone.
+fn releaser() -> &'static Sender<Kept> {
+    static RELEASER: OnceLock<Sender<Kept>> = OnceLock::new();
+    RELEASER.get_or_init(|| {
+        let (send, receive) = channel::<Kept>();
+        std::thread::Builder::new()
+            .name("handoff-graph-release".into())
+            .spawn(move || {
+                for release in receive {
+                    if catch_unwind(AssertUnwindSafe(release)).is_err() {
+                        eprintln!("handoff: a release kept with a graph panicked");
+                    }
+                }
+            })
+            .expect("handoff: cannot start the graph release thread");
+        send
+    })
+}
