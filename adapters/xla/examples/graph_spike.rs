@@ -2,22 +2,23 @@
 //! caller's (as a PyTorch stream would be), replayed many times, the values checked.
 //! GPU only (`--features cuda`, JAX's CUDA plugin); prints `SKIPPED: reason` elsewhere.
 //!
-//! The step, captured on stream `S` in relaxed mode (PJRT's and handoff's own threads
-//! make CUDA calls of their own while the capture runs):
+//! The step, captured on stream `S` (relaxed mode by default: PJRT's and handoff's own
+//! threads make CUDA calls of their own while the capture runs):
 //! 1. the input, a device buffer written on `S`, is handed to XLA: handoff orders XLA's
-//!    ready stream after `S` (an event recorded on `S`, waited on by the ready stream:
-//!    the fork, which joins that stream to the capture), and PJRT views it with that
-//!    stream, so its compute stream waits there too;
+//!    ready stream after `S` (the fork, which joins that stream to the capture), and
+//!    PJRT views it with that stream, so its compute stream waits there too;
 //! 2. the program runs (`Kernel::call`, the output an XLA buffer);
-//! 3. the output is made ready on `S` (the stream extension's wait on the buffer's
-//!    definition event: the join).
+//! 3. the output is made ready on `S`; `S` capturing, handoff settles the capture
+//!    (`handoff_xla`'s capture module): `S` waits on XLA's ready stream and on every
+//!    leaf of the graph, and PJRT's host callbacks are taken out, to run once when the
+//!    graph is gone. Releases on `S` are kept with the graph (`stats().releases_with_graph`).
 //!
 //! Then: the graph replayed `--replays` times with a new input written before each
 //! (outside the graph, into the same buffer), the output read back every so often and
 //! compared with the same math on the host; the host time of a replay beside an eager
-//! call. Every step prints what it did or the exact error, so that one run on the GPU
-//! machine says where the capture stands. The output buffer (its address is in the
-//! graph) and the input stay alive as long as the graph.
+//! call; eager steps while the graph lives (`--eager-during`) and after it is gone.
+//! Every step prints what it did or the exact error, so one run on the GPU machine
+//! says where the capture stands.
 //!
 //! `XLA_FLAGS=--xla_gpu_enable_command_buffer=` is set before the plugin loads (PJRT's
 //! own command buffers would nest a capture in ours) unless `--keep-command-buffers`.
@@ -84,16 +85,6 @@ mod spike {
             .map_err(|e| format!("the output made ready on S (wait_until_buffer_ready_on_stream): {e}"))?;
         let address = out.data_ptr() as u64;
         drop(out);
-        // The join of XLA's ready stream, which the input's hand-off forked into S's
-        // capture (its wait on S): S waits on what it did since.
-        let ready = client
-            .device(0)
-            .and_then(|d| client.ready_stream(&d))
-            .map_err(|e| format!("XLA's ready stream: {e}"))?;
-        ready
-            .record()
-            .and_then(|e| hstream(s).wait(&e))
-            .map_err(|e| format!("the join of XLA's ready stream into S: {e}"))?;
         Ok((y, address))
     }
 
@@ -107,9 +98,8 @@ mod spike {
 
     /// The graph S is capturing, as far as it goes: every node's type (a kernel's name, a
     /// host node's function), and the leaves S does not depend on (what EndCapture calls
-    /// unjoined work). With `join`, S is made to depend on those leaves too. Writes the
-    /// graph in DOT to `$SPIKE_DOT` when set.
-    fn inspect_capture(raw: u64, join: bool) {
+    /// unjoined work). Writes the graph in DOT to `$SPIKE_DOT` when set.
+    fn inspect_capture(raw: u64) {
         use cudarc::driver::sys as cu;
         let mut status = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let (mut id, mut graph, mut deps, mut edges, mut ndeps) =
@@ -195,7 +185,13 @@ mod spike {
                         // SAFETY: dladdr's NUL-terminated symbol name.
                         unsafe { std::ffi::CStr::from_ptr(info.dli_sname) }.to_string_lossy().into_owned()
                     };
-                    format!("host fn {sym}")
+                    let file = if info.dli_fname.is_null() {
+                        "?".into()
+                    } else {
+                        // SAFETY: dladdr's NUL-terminated file name.
+                        unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned()
+                    };
+                    format!("host fn {sym} in {file}")
                 }
                 t => format!("{t:?}"),
             };
@@ -209,97 +205,7 @@ mod spike {
             }
         }
         println!("spike: {} leaves S does not depend on", leaves.len());
-        if join && !leaves.is_empty() {
-            // SAFETY: `leaves` are nodes of S's capture graph.
-            let r = unsafe {
-                cu::cuStreamUpdateCaptureDependencies_v2(
-                    raw as _,
-                    leaves.as_mut_ptr(),
-                    std::ptr::null(),
-                    leaves.len(),
-                    cu::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_ADD_CAPTURE_DEPENDENCIES as u32,
-                )
-            };
-            println!("spike: S made to depend on them: {r:?}");
-        }
     }
-
-    /// Ends S's capture: S is made to depend on every leaf of the captured graph (PJRT's
-    /// work on its own streams, forked into the capture and not joined), PJRT's host
-    /// callbacks are taken out (a replay would run each again, and each frees its data
-    /// when it runs) with their edges bridged, and the graph is instantiated. Returns the
-    /// executable graph and the callbacks, in the order they were captured.
-    fn end_capture(raw: u64) -> Result<(cudarc::driver::sys::CUgraphExec, Vec<Callback>), String> {
-        use cudarc::driver::sys as cu;
-        inspect_capture(raw, true);
-        let mut graph = std::ptr::null_mut();
-        // SAFETY: `raw` is capturing; `graph` a valid out-pointer.
-        unsafe { cu::cuStreamEndCapture(raw as _, &mut graph) }
-            .result()
-            .map_err(|e| format!("cuStreamEndCapture failed: {e:?}"))?;
-        let mut n = 0usize;
-        // SAFETY: a live graph; counting then listing its nodes.
-        unsafe { cu::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) };
-        let mut nodes = vec![std::ptr::null_mut(); n];
-        // SAFETY: a live graph; listing its nodes into room for `n`.
-        unsafe { cu::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) };
-        let list = |node, deps: bool| -> Vec<cu::CUgraphNode> {
-            let mut k = 0usize;
-            // SAFETY: a node of the live graph; `out` null or room for `k`.
-            let get = |out: *mut cu::CUgraphNode, k: &mut usize| unsafe {
-                if deps {
-                    cu::cuGraphNodeGetDependencies_v2(node, out, std::ptr::null_mut(), k)
-                } else {
-                    cu::cuGraphNodeGetDependentNodes_v2(node, out, std::ptr::null_mut(), k)
-                }
-            };
-            get(std::ptr::null_mut(), &mut k);
-            let mut v = vec![std::ptr::null_mut(); k];
-            get(v.as_mut_ptr(), &mut k);
-            v
-        };
-        let mut callbacks = Vec::new();
-        for node in nodes {
-            let mut ty = cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-            // SAFETY: a node of the live graph.
-            unsafe { cu::cuGraphNodeGetType(node, &mut ty) };
-            if ty != cu::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST {
-                continue;
-            }
-            // SAFETY: a plain C struct, all zeroes valid.
-            let mut p: cu::CUDA_HOST_NODE_PARAMS = unsafe { std::mem::zeroed() };
-            // SAFETY: a host node; `p` a valid out-pointer.
-            unsafe { cu::cuGraphHostNodeGetParams(node, &mut p) };
-            let (before, after) = (list(node, true), list(node, false));
-            for &b in &before {
-                for &a in &after {
-                    // SAFETY: two nodes of the graph; one edge.
-                    unsafe { cu::cuGraphAddDependencies_v2(graph, &b, &a, std::ptr::null(), 1) }
-                        .result()
-                        .map_err(|e| format!("bridging a host node: {e:?}"))?;
-                }
-            }
-            // SAFETY: the node is removed; its edges were bridged.
-            unsafe { cu::cuGraphDestroyNode(node) }
-                .result()
-                .map_err(|e| format!("cuGraphDestroyNode: {e:?}"))?;
-            if let Some(f) = p.fn_ {
-                callbacks.push((f, p.userData));
-            }
-        }
-        let mut exec = std::ptr::null_mut();
-        // SAFETY: a live graph; `exec` a valid out-pointer.
-        unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }
-            .result()
-            .map_err(|e| format!("cuGraphInstantiate failed: {e:?}"))?;
-        // SAFETY: the executable graph holds what it needs; the graph is not used again.
-        unsafe { cu::cuGraphDestroy(graph) };
-        Ok((exec, callbacks))
-    }
-
-    type HostFn = unsafe extern "C" fn(*mut std::ffi::c_void);
-    /// A host callback taken out of the graph: its function and data.
-    type Callback = (HostFn, *mut std::ffi::c_void);
 
     pub fn main() -> i32 {
         let args: Vec<String> = std::env::args().collect();
@@ -380,13 +286,13 @@ mod spike {
         if let Ok(ready) = client.device(0).and_then(|d| client.ready_stream(&d)) {
             println!("spike: in the capture, XLA's ready stream is {}", capturing(ready.raw()));
         }
-        let ended = end_capture(s.cu_stream() as u64);
-        let ((y_buffer, out_address), (graph, callbacks)) = match (captured, ended) {
-            (Ok(c), Ok(g)) => {
+        inspect_capture(s.cu_stream() as u64);
+        let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        let ((y_buffer, out_address), graph) = match (captured, graph) {
+            (Ok(c), Ok(Some(g))) => {
                 println!(
-                    "spike: captured (status during capture {status:?}); {}; {} host callbacks taken out of the graph",
-                    stats::stats().since(&before),
-                    g.1.len()
+                    "spike: captured (status during capture {status:?}); {}",
+                    stats::stats().since(&before)
                 );
                 (c, g)
             }
@@ -397,8 +303,14 @@ mod spike {
                 );
                 return 1;
             }
+            (Ok(_), Ok(None)) => {
+                println!("RESULT: the capture ended with no graph (status during capture {status:?})");
+                return 1;
+            }
             (Ok(_), Err(e)) => {
-                println!("RESULT: {e} (status during capture {status:?})");
+                println!(
+                    "RESULT: cuStreamEndCapture/cuGraphInstantiate failed: {e:?} (status during capture {status:?})"
+                );
                 return 1;
             }
         };
@@ -411,9 +323,7 @@ mod spike {
             let host = input(i);
             s.memcpy_htod(&host, &mut x).expect("new input");
             let t = Instant::now();
-            // SAFETY: `graph` is a live executable graph; S a live stream.
-            let r = unsafe { cudarc::driver::sys::cuGraphLaunch(graph, s.cu_stream() as _) };
-            if let Err(e) = r.result() {
+            if let Err(e) = graph.launch() {
                 println!("RESULT: replay {i}: cuGraphLaunch failed: {e:?}");
                 return 1;
             }
@@ -456,17 +366,13 @@ mod spike {
             replay_us[replay_us.len() / 2],
             y_buffer.shape()
         );
-        // The graph's end: PJRT's callbacks run once, on S after the last replay (what they
-        // release lived as long as the graph), then an eager step checks PJRT still works.
-        for (f, data) in callbacks {
-            // SAFETY: each callback was PJRT's, taken out of the graph unrun; it runs once.
-            let r = unsafe { cudarc::driver::sys::cuLaunchHostFunc(s.cu_stream() as _, Some(f), data) };
-            println!("spike: PJRT's callback launched on S: {r:?}");
-        }
-        // SAFETY: the graph is not used after this.
-        unsafe { cudarc::driver::sys::cuGraphExecDestroy(graph) };
+        // The graph's end: what it kept (the output, the input's view, PJRT's callbacks)
+        // is released once the driver says the graph is gone; then eager steps check
+        // that PJRT still works.
+        drop(graph);
         drop(y_buffer);
         s.synchronize().expect("sync");
+        std::thread::sleep(std::time::Duration::from_millis(200));
         let after = (0..3).all(|_| step(&client, &kernel, &x, &s).is_ok());
         s.synchronize().expect("sync");
         println!("spike: eager steps after the graph's end: {}", if after { "ok" } else { "FAILED" });

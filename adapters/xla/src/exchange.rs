@@ -541,6 +541,8 @@ fn ready_on(
             // SAFETY: this plugin's extension, a live buffer and a stream of its device.
             unsafe { result::stream::wait_until_buffer_ready_on_stream(api, ext, raw, stream as isize)? };
             handoff_runtime::stats::count_wait_enqueued();
+            #[cfg(feature = "cuda")]
+            crate::capture::settle(client, device, consumer)?;
             Ok(Ready::Waited)
         }
         None => {

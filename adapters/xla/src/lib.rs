@@ -36,6 +36,8 @@
 
 mod artifact;
 mod buffer;
+#[cfg(feature = "cuda")]
+mod capture;
 mod client;
 pub mod dtype;
 mod error;

@@ -26,6 +26,9 @@ pub struct Plugin {
     version: (i32, i32),
     extensions: Vec<String>,
     stream: Option<&'static sys::PJRT_Stream_Extension>,
+    /// Where the plugin's library is mapped (the `dli_fbase` of its `GetPjrtApi`): a
+    /// code address is the plugin's when it is in that same object.
+    base: usize,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -70,6 +73,7 @@ impl Plugin {
         if raw.is_null() {
             return Err(load_err("GetPjrtApi returned null".into()));
         }
+        let base = object_base(get as *const std::ffi::c_void);
         // Never unload: the table and the plugin's threads live as long as the process.
         std::mem::forget(lib);
         // SAFETY: non-null, returned by GetPjrtApi, and the library is never unloaded.
@@ -109,7 +113,8 @@ impl Plugin {
             ext = base.next;
         }
         result::plugin::initialize(api)?;
-        let plugin: &'static Plugin = Box::leak(Box::new(Plugin { api, path, version, extensions, stream }));
+        let plugin: &'static Plugin =
+            Box::leak(Box::new(Plugin { api, path, version, extensions, stream, base }));
         loaded.push(plugin);
         Ok(plugin)
     }
@@ -167,10 +172,26 @@ impl Plugin {
         self.stream
     }
 
+    /// Whether code at `address` is the plugin's (its host callbacks, found in a graph).
+    pub(crate) fn owns_code(&self, address: usize) -> bool {
+        self.base != 0 && object_base(address as *const std::ffi::c_void) == self.base
+    }
+
     /// Whether the plugin drives GPUs (it has the stream extension).
     pub fn is_gpu(&self) -> bool {
         self.stream.is_some()
     }
+}
+
+/// The base address of the loaded object that holds `address` (0 if none does).
+fn object_base(address: *const std::ffi::c_void) -> usize {
+    // SAFETY: a plain C struct, for which all zeroes is valid.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `dladdr` only reads the loader's tables; `info` is a valid out-pointer.
+    if unsafe { libc::dladdr(address, &mut info) } == 0 {
+        return 0;
+    }
+    info.dli_fbase as usize
 }
 
 fn cuda_plugin_candidates() -> Vec<PathBuf> {

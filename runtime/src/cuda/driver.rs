@@ -35,6 +35,12 @@ pub(crate) const SYMBOLS: &[&str] = &[
     "cuStreamGetCaptureInfo_v3",
     "cuUserObjectCreate",
     "cuGraphRetainUserObject",
+    "cuStreamUpdateCaptureDependencies_v2",
+    "cuGraphGetNodes",
+    "cuGraphNodeGetType",
+    "cuGraphNodeGetDependentNodes_v2",
+    "cuGraphHostNodeGetParams",
+    "cuGraphHostNodeSetParams",
     "cuGetErrorName",
     "cuGetErrorString",
 ];

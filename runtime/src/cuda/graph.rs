@@ -2,7 +2,7 @@
 //! with the graph being captured as a CUDA user object, whose destructor the driver
 //! runs once the graph and its executable graphs are destroyed and their launches done.
 
-use super::backend::{CU_STREAM_LEGACY, CudaBackend, LEGACY, describe};
+use super::backend::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CudaBackend, LEGACY, describe};
 use super::driver::{backend_error, check, count_calls};
 use crate::error::{Error, Result};
 use crate::graph::Kept;
@@ -20,7 +20,9 @@ impl CudaBackend {
         if stream == LEGACY || stream == CU_STREAM_LEGACY {
             return Ok(None);
         }
-        let _ctx = self.enter()?;
+        // A stream handle names its context; only the per-thread default stream is
+        // taken from the current one.
+        let _ctx = if stream == CU_STREAM_PER_THREAD { Some(self.enter()?) } else { None };
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         count_calls(1);
@@ -145,4 +147,184 @@ fn releaser() -> &'static Sender<Kept> {
             .expect("handoff: cannot start the graph release thread");
         send
     })
+}
+
+/// What [`settle_capture`] did to the graph being captured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Leaves of the graph (work no stream of the capture waited on) the stream was
+    /// made to depend on.
+    pub joined: usize,
+    /// Host callbacks taken out of the graph, to run once when it is gone.
+    pub callbacks: usize,
+}
+
+/// A host node's function once its callback was taken out: does nothing.
+unsafe extern "C" fn taken_out(_: *mut c_void) {}
+
+/// A host callback taken out of a graph, run once when the graph is gone.
+struct Callback {
+    function: unsafe extern "C" fn(*mut c_void),
+    data: *mut c_void,
+}
+
+// SAFETY: the callback was enqueued to run on a CUDA driver thread, so its data is
+// meant to be used from a thread other than the one that made it.
+unsafe impl Send for Callback {}
+
+impl Callback {
+    fn run(self) {
+        // SAFETY: the callback, taken out of the graph unrun, runs this once, as it
+        // would have when the stream reached it.
+        unsafe { (self.function)(self.data) }
+    }
+}
+
+/// For a library that runs work of its own inside the capture `stream` belongs to, on
+/// streams of its own that it forks into the capture (PJRT does: its streams wait on
+/// the caller's, and it enqueues host callbacks): makes the capture end cleanly and
+/// its graph replayable.
+///
+/// - `stream` is made to depend on every leaf of the graph it does not depend on yet
+///   (work no capturing stream waited on, which `cuStreamEndCapture` refuses as
+///   unjoined work).
+/// - Every host callback whose function `is_foreign` claims (given its address) is
+///   taken out: its node does nothing from now on, and the callback is kept with the
+///   graph and run once when the graph is gone. Captured, it would run at every
+///   replay; a library's host callbacks release what their work held, once.
+///
+/// Nothing when `stream` is not capturing. Never blocks.
+///
+/// ```
+/// use handoff_runtime::cuda;
+/// if cuda::is_available() {
+///     let legacy = cuda::legacy_stream(0).unwrap(); // never captures
+///     assert_eq!(cuda::settle_capture(&legacy, |_| true).unwrap(), cuda::Settled::default());
+/// }
+/// ```
+pub fn settle_capture(stream: &crate::Stream, is_foreign: impl Fn(usize) -> bool) -> Result<Settled> {
+    let Some((ordinal, raw)) = super::raw_stream(stream) else {
+        return Ok(Settled::default());
+    };
+    let backend = super::backend::backend(ordinal)?;
+    let _ctx = backend.enter()?;
+    let cu = raw as usize as sys::CUstream;
+    let failed = |call: &'static str, e| {
+        backend_error(call, e, format_args!("capture of stream {}", describe(ordinal, raw)))
+    };
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let (mut graph, mut deps, mut n_deps): (sys::CUgraph, *const sys::CUgraphNode, usize) =
+        (std::ptr::null_mut(), std::ptr::null(), 0);
+    count_calls(1);
+    // SAFETY: a stream of the device's primary context; valid out-pointers.
+    check(unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            cu,
+            &mut status,
+            std::ptr::null_mut(),
+            &mut graph,
+            &mut deps,
+            std::ptr::null_mut(),
+            &mut n_deps,
+        )
+    })
+    .map_err(|e| failed("cuStreamGetCaptureInfo", e))?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE || graph.is_null() {
+        return Ok(Settled::default());
+    }
+    let depends: Vec<sys::CUgraphNode> = if n_deps == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the driver's array of `n_deps` nodes, valid until the next capture call on `cu`.
+        unsafe { std::slice::from_raw_parts(deps, n_deps) }.to_vec()
+    };
+    let mut settled = Settled::default();
+    let mut leaves = Vec::new();
+    for node in nodes(graph).map_err(|e| failed("cuGraphGetNodes", e))? {
+        let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        count_calls(1);
+        // SAFETY: a node of the live graph; a valid out-pointer.
+        check(unsafe { sys::cuGraphNodeGetType(node, &mut kind) })
+            .map_err(|e| failed("cuGraphNodeGetType", e))?;
+        if kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST {
+            take_out_callback(graph, node, &is_foreign)
+                .map_err(|e| failed("cuGraphHostNodeSetParams", e))?
+                .then(|| settled.callbacks += 1);
+        }
+        let mut dependents = 0usize;
+        count_calls(1);
+        // SAFETY: a node of the live graph; counting only (a null array).
+        check(unsafe {
+            sys::cuGraphNodeGetDependentNodes_v2(
+                node,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut dependents,
+            )
+        })
+        .map_err(|e| failed("cuGraphNodeGetDependentNodes", e))?;
+        if dependents == 0 && !depends.contains(&node) {
+            leaves.push(node);
+        }
+    }
+    if !leaves.is_empty() {
+        count_calls(1);
+        // SAFETY: `leaves` are nodes of the graph `cu` captures; added to its dependencies.
+        check(unsafe {
+            sys::cuStreamUpdateCaptureDependencies_v2(
+                cu,
+                leaves.as_mut_ptr(),
+                std::ptr::null(),
+                leaves.len(),
+                sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_ADD_CAPTURE_DEPENDENCIES as u32,
+            )
+        })
+        .map_err(|e| failed("cuStreamUpdateCaptureDependencies", e))?;
+        settled.joined = leaves.len();
+    }
+    Ok(settled)
+}
+
+/// The nodes of `graph`.
+fn nodes(graph: sys::CUgraph) -> std::result::Result<Vec<sys::CUgraphNode>, cudarc::driver::DriverError> {
+    let mut n = 0usize;
+    count_calls(2);
+    // SAFETY: a live graph; counting only (a null array).
+    check(unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) })?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    // SAFETY: room for `n` nodes.
+    check(unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) })?;
+    nodes.truncate(n);
+    Ok(nodes)
+}
+
+/// Takes the callback of host node `node` out of `graph` when `is_foreign` claims it
+/// (and it was not taken already): the node does nothing from now on; the callback is
+/// kept with the graph. Whether it took it.
+fn take_out_callback(
+    graph: sys::CUgraph,
+    node: sys::CUgraphNode,
+    is_foreign: &impl Fn(usize) -> bool,
+) -> std::result::Result<bool, cudarc::driver::DriverError> {
+    // SAFETY: a plain C struct, for which all zeroes is valid.
+    let mut params: sys::CUDA_HOST_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    count_calls(1);
+    // SAFETY: a host node of the live graph; a valid out-pointer.
+    check(unsafe { sys::cuGraphHostNodeGetParams(node, &mut params) })?;
+    let Some(function) = params.fn_ else { return Ok(false) };
+    if function as usize == taken_out as *const () as usize || !is_foreign(function as usize) {
+        return Ok(false);
+    }
+    let nothing = sys::CUDA_HOST_NODE_PARAMS { fn_: Some(taken_out), userData: std::ptr::null_mut() };
+    count_calls(1);
+    // SAFETY: a host node of the live graph, given a function that does nothing.
+    check(unsafe { sys::cuGraphHostNodeSetParams(node, &nothing) })?;
+    let callback = Callback { function, data: params.userData };
+    if let Err((e, _)) = keep_with(graph, Box::new(move || callback.run())) {
+        // The callback is neither run nor kept: what it would release stays held.
+        eprintln!(
+            "handoff: a host callback taken out of a graph cannot be kept with it ({e}); it will not run"
+        );
+    }
+    Ok(true)
 }
