@@ -65,12 +65,9 @@ pub fn drain(timeout: Duration) -> Drained {
         loop {
             sweep(r, Deliver::Here, &mut spares);
             home::take_all_now();
-            let busy = {
-                let q = lock(r);
-                q.lanes.values().any(|l| !l.queued.is_empty() || !l.taken.is_empty())
-            };
+            let idle = lock(r).queue.is_idle();
             let now = Instant::now();
-            if !busy {
+            if idle {
                 return Drained::default();
             }
             if now >= deadline {
@@ -80,29 +77,14 @@ pub fn drain(timeout: Duration) -> Drained {
             backoff = (backoff * 2).min(Duration::from_millis(1));
         }
         // The deadline passed: leak what is still queued.
-        let (batches, in_flight, streams) = {
-            let mut q = lock(r);
-            let mut taken = Vec::new();
-            let mut in_flight = 0;
-            let mut streams = Vec::new();
-            for (key, lane) in q.lanes.iter_mut() {
-                in_flight += lane.taken.iter().map(|t| t.1).sum::<usize>();
-                if !lane.queued.is_empty() {
-                    streams.push(format!("{:?}", lane.stream));
-                    let items: Vec<(Pending, Outcome)> =
-                        lane.queued.drain(..).map(|p| (p, Outcome::LeakQuietly)).collect();
-                    taken.push((*key, items));
-                }
-            }
-            let batches: Vec<Batch> = taken
-                .into_iter()
-                .map(|(key, items)| Batch { key, id: q.open_batch(key, items.len()), items })
-                .collect();
-            (batches, in_flight, streams)
-        };
-        let leaked = batches.iter().map(|b| b.items.len()).sum();
-        for b in batches {
-            perform(r, b, Deliver::Here);
+        let flushed = lock(r).queue.take_queued(|_| true);
+        let in_flight: usize = flushed.earlier.iter().map(|b| b.len).sum();
+        let streams: Vec<String> = flushed.batches.iter().map(|b| format!("{:?}", b.stream)).collect();
+        let mut leaked = 0;
+        for lane in flushed.batches {
+            leaked += lane.items.len();
+            let items = lane.items.into_iter().map(|p| (p, Outcome::LeakQuietly)).collect();
+            perform(r, Batch { id: lane.batch, items }, Deliver::Here);
         }
         if leaked > 0 {
             eprintln!(

@@ -38,6 +38,11 @@
 //! ([`flush_stream`] of it, or [`flush`]); the background thread and flushes of other
 //! streams go on.
 //!
+//! The queue itself (its lanes of releases per stream, the batches taken out of them,
+//! what a sweep asks and takes) is `queue`, with no lock, no thread and no device call;
+//! this module takes the lock around each of its calls and asks the device between
+//! them, with none held.
+//!
 //! # Process exit
 //!
 //! An `atexit` hook (registered when the first release is deferred) does the releases
@@ -60,12 +65,11 @@
 //! `fork` (the parent never deferred one) starts its own reaper as usual.
 
 use crate::stats::{self, Counter};
-use crate::stream::{Event, EventProbe, RawStream, Stream};
-use std::collections::{HashMap, VecDeque};
+use crate::stream::{Event, EventProbe, Stream};
+use queue::{LaneAnswer, Pending, Queue, Spares, StreamKey, Taken};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
-use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 /// How long the drain at process exit waits for queued releases before it leaks what
@@ -93,64 +97,11 @@ const MAX_POLL: Duration = Duration::from_micros(500);
 
 /// A queued or posted keep-alive, its type erased (in place when small).
 type KeepAlive = erased::Erased;
-/// A stream's backend, raw handle, and for a thread-relative handle (CUDA's
-/// per-thread default stream) its thread: two threads' such streams are different
-/// streams, and their events must not share one in-order lane.
-type StreamKey = (usize, RawStream, Option<ThreadId>);
 
-/// Hashes a [`StreamKey`] (a backend's address, a stream handle, a thread id) with a
-/// rotate, xor and multiply per word: each release looks its lane up, and SipHash's
-/// defence against chosen keys buys nothing for keys the process makes itself.
+/// What the reaper's lock guards: the queue, and how the threads that use it wait.
 #[derive(Default)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-type BatchId = u64;
-
-struct Pending {
-    event: Event,
-    /// When it was queued: later releases have larger numbers, in every lane and
-    /// across a lane's removal and re-creation, so that an answer about older
-    /// releases never covers newer ones.
-    seq: u64,
-    keep_alive: KeepAlive,
-    /// The thread whose hand-off it was ([`home`]).
-    home: Option<home::Home>,
-}
-
-/// The releases queued behind work on one stream.
-struct Lane {
-    /// The stream, for messages.
-    stream: Stream,
-    /// Oldest first: their events complete in this order.
-    queued: VecDeque<Pending>,
-    /// Batches of this lane's releases that a sweep, a flush or a drain has taken out
-    /// of `queued` and not yet done, with their sizes: a flush that finds `queued`
-    /// empty waits for these, since they were queued before it too.
-    taken: Vec<(BatchId, usize)>,
-}
-
-#[derive(Default)]
-struct Queue {
-    lanes: HashMap<StreamKey, Lane, std::hash::BuildHasherDefault<KeyHasher>>,
-    next_batch: BatchId,
-    /// The `seq` of the next release queued.
-    next_seq: u64,
+struct State {
+    queue: Queue<Event>,
     shutdown: bool,
     /// The background thread waits on `wake` (it found nothing queued for
     /// [`LINGER`]): the next release wakes it. Otherwise it polls and finds releases
@@ -161,27 +112,10 @@ struct Queue {
     waiting: usize,
 }
 
-impl Queue {
-    fn has_queued(&self) -> bool {
-        self.lanes.values().any(|l| !l.queued.is_empty())
-    }
-
-    /// Registers a batch of `n` releases of `key` taken out of its queue.
-    fn open_batch(&mut self, key: StreamKey, n: usize) -> BatchId {
-        self.next_batch += 1;
-        let id = self.next_batch;
-        if let Some(lane) = self.lanes.get_mut(&key) {
-            lane.taken.push((id, n));
-        }
-        id
-    }
-}
-
 /// A batch of releases taken out of one lane, and what to do with each.
 struct Batch {
-    key: StreamKey,
-    id: BatchId,
-    items: Vec<(Pending, Outcome)>,
+    id: queue::BatchId,
+    items: Vec<(Pending<Event>, Outcome)>,
 }
 
 enum Outcome {
@@ -194,7 +128,7 @@ enum Outcome {
 }
 
 struct Reaper {
-    queue: Mutex<Queue>,
+    state: Mutex<State>,
     /// Wakes the background thread: a release was queued, or shutdown.
     wake: Condvar,
     /// Wakes flushes: a batch of taken releases is done.
@@ -230,7 +164,7 @@ fn reaper() -> &'static Reaper {
             pthread_atfork(None, None, Some(mark_forked_child))
         };
         Reaper {
-            queue: Mutex::new(Queue::default()),
+            state: Mutex::new(State::default()),
             wake: Condvar::new(),
             done: Condvar::new(),
             pending: AtomicUsize::new(0),
@@ -244,10 +178,10 @@ fn live() -> Option<&'static Reaper> {
     if FORKED.load(Ordering::Relaxed) { None } else { REAPER.get() }
 }
 
-fn lock(r: &Reaper) -> MutexGuard<'_, Queue> {
+fn lock(r: &Reaper) -> MutexGuard<'_, State> {
     // Nothing panics while holding the lock (keep-alives are dropped outside it and
     // queries are caught), and the queue is consistent at every unlock anyway.
-    r.queue.lock().unwrap_or_else(|p| p.into_inner())
+    r.state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Releases `keep_alive` once all work enqueued on `after` so far has completed,
@@ -332,21 +266,14 @@ fn defer<K: Send + 'static>(
 ) -> Result<(), (crate::Error, K)> {
     let r = reaper();
     let parked = {
-        let mut q = lock(r);
+        let mut s = lock(r);
         let event = match stream.record() {
             Ok(event) => event,
             Err(e) => return Err((e, keep_alive)),
         };
         stats::count(Counter::ReleasesDeferred, 1);
-        let parked = std::mem::take(&mut q.parked);
-        let seq = q.next_seq;
-        q.next_seq += 1;
-        let lane = q.lanes.entry(stream_key(stream)).or_insert_with(|| Lane {
-            stream: stream.clone(),
-            queued: VecDeque::new(),
-            taken: Vec::new(),
-        });
-        lane.queued.push_back(Pending { event, seq, keep_alive: KeepAlive::new(keep_alive), home });
+        let parked = std::mem::take(&mut s.parked);
+        s.queue.push(StreamKey::of(stream), stream, event, KeepAlive::new(keep_alive), home);
         r.pending.fetch_add(1, Ordering::Relaxed);
         parked
     };
@@ -437,17 +364,17 @@ fn run() {
     let mut last_work = Instant::now();
     loop {
         {
-            let mut q = lock(r);
-            if q.shutdown && !q.has_queued() {
+            let mut s = lock(r);
+            if s.shutdown && !s.queue.has_queued() {
                 return;
             }
-            if !q.has_queued() && !home::any_waiting() && last_work.elapsed() >= LINGER {
-                q.parked = true;
+            if !s.queue.has_queued() && !home::any_waiting() && last_work.elapsed() >= LINGER {
+                s.parked = true;
                 PARKED.store(true, Ordering::SeqCst);
-                while q.parked && !q.has_queued() && !q.shutdown && !home::any_waiting() {
-                    q = r.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                while s.parked && !s.queue.has_queued() && !s.shutdown && !home::any_waiting() {
+                    s = r.wake.wait(s).unwrap_or_else(|p| p.into_inner());
                 }
-                q.parked = false;
+                s.parked = false;
                 PARKED.store(false, Ordering::SeqCst);
                 last_work = Instant::now();
                 continue;
@@ -466,87 +393,49 @@ fn run() {
     }
 }
 
-/// How many of a lane's oldest releases one sweep asks about, when its newest is not
-/// done yet.
-const ASKED_PER_SWEEP: usize = 16;
-
 /// Takes out of the queue every release whose event has completed (and every one whose
 /// query failed, to leak it), and does them. Returns how many it took. Never blocks.
 ///
-/// The events are asked with no lock held, so a thread that queues a release (and
-/// records its event under the lock) never waits for a query. Each lane's newest
-/// release is asked first (events of a stream complete in order: if it is done, all
-/// are), then, if it is not, its oldest ones in order until one is not done. An
-/// answer covers the releases up to the one asked (by `seq`), and only those still
-/// queued are taken: a flush may have taken them meanwhile, and given their events
-/// back for reuse, but it takes a lane's releases oldest first, so the ones left
-/// are all newer than any it took, and an answer about a reused event covers none.
-fn sweep(r: &Reaper, deliver: Deliver, spares: &mut Spares) -> usize {
-    let asks: Vec<(StreamKey, Vec<Asked>)> = {
-        let q = lock(r);
-        q.lanes
-            .iter()
-            .filter_map(|(key, lane)| {
-                let newest = lane.queued.back()?;
-                let oldest = lane.queued.iter().take(ASKED_PER_SWEEP.min(lane.queued.len() - 1));
-                let asked = std::iter::once(newest).chain(oldest).map(|p| (p.seq, p.event.probe())).collect();
-                Some((*key, asked))
-            })
-            .collect()
-    };
+/// Each lane's newest release is asked first (events of a stream complete in order: if
+/// it is done, all are), then, if it is not, its oldest ones in order until one is not
+/// done ([`queue::LaneAsk::ask`]); an answer covers only releases still queued
+/// ([`Queue::take_answered`]).
+fn sweep(r: &Reaper, deliver: Deliver, spares: &mut Spares<Event>) -> usize {
+    // The lock is taken three times around the queries, which run with none held, so
+    // that a thread queueing a release (it records its event under the lock) never
+    // waits for one: to read what to ask, to take what was answered, and in `perform`
+    // to finish each batch once done.
+    let asks = lock(r).queue.asks(Event::probe);
     if asks.is_empty() {
         return 0;
     }
-    // With no lock held: which releases of each lane are done (or failed).
-    let answers: Vec<(StreamKey, Answer)> = asks
-        .into_iter()
-        .filter_map(|(key, asked)| {
-            let answer = ask(&asked);
-            (!matches!(&answer, Answer::Walked(w) if w.is_empty())).then_some((key, answer))
-        })
-        .collect();
-    // Under the lock, the releases answered are taken out of their lanes with as few
-    // moves as can be ([`take_oldest`]): a thread queueing a release meanwhile waits
-    // for that alone. Their outcomes are written with no lock held.
-    let taken: Vec<(StreamKey, BatchId, VecDeque<Pending>, Answer, String)> = {
-        let mut q = lock(r);
-        let mut taken = Vec::new();
-        for (key, answer) in answers {
-            let Some(lane) = q.lanes.get_mut(&key) else { continue };
-            let n = answered(&lane.queued, &answer);
-            if n == 0 {
-                continue;
-            }
-            let items = take_oldest(&mut lane.queued, n, spares.take());
-            // Named in the message of a failed query (rare: formatted only then).
-            let failed = matches!(&answer, Answer::Walked(w) if w.iter().any(|(_, e)| e.is_some()));
-            let stream = if failed { format!("{:?}", lane.stream) } else { String::new() };
-            let id = q.open_batch(key, n);
-            taken.push((key, id, items, answer, stream));
-        }
-        taken
+    let answers: Vec<LaneAnswer> =
+        asks.into_iter().map(|a| a.ask(query_probe)).filter(|a| !a.answer.is_empty()).collect();
+    // Taken with as few moves as can be (into spare queues): a thread queueing a
+    // release meanwhile waits for that alone. Their outcomes are written with no lock.
+    let taken: Vec<Taken<Event>> = {
+        let mut s = lock(r);
+        answers.into_iter().filter_map(|a| s.queue.take_answered(a, || spares.take())).collect()
     };
     let batches: Vec<Batch> = taken
         .into_iter()
-        .map(|(key, id, mut items, answer, stream)| {
-            let outcomes = items
+        .map(|mut t| {
+            let items = t
+                .items
                 .drain(..)
                 .map(|p| {
-                    let outcome = match &answer {
-                        Answer::AllUpTo(_) => Outcome::Release,
-                        Answer::Walked(walked) => match walked.iter().find(|(seq, _)| *seq == p.seq) {
-                            Some((_, Some(e))) => Outcome::Leak(format!(
-                                "querying the release event {:?} on {stream} failed ({e})",
-                                p.event
-                            )),
-                            _ => Outcome::Release,
-                        },
+                    let outcome = match t.answer.failure(p.seq) {
+                        Some(e) => Outcome::Leak(format!(
+                            "querying the release event {:?} on {} failed ({e})",
+                            p.event, t.stream
+                        )),
+                        None => Outcome::Release,
                     };
                     (p, outcome)
                 })
                 .collect();
-            spares.keep(items);
-            Batch { key, id, items: outcomes }
+            spares.keep(t.items);
+            Batch { id: t.batch, items }
         })
         .collect();
     let n = batches.iter().map(|b| b.items.len()).sum();
@@ -554,90 +443,6 @@ fn sweep(r: &Reaper, deliver: Deliver, spares: &mut Spares) -> usize {
         perform(r, b, deliver);
     }
     n
-}
-
-/// Empty queues kept from one sweep to the next with their room, so that taking
-/// releases out of their lanes ([`take_oldest`]) allocates nothing, and frees nothing
-/// under the lock, once releases come at a steady rate.
-#[derive(Default)]
-struct Spares(Vec<VecDeque<Pending>>);
-
-impl Spares {
-    /// How many it keeps: one or two lanes are busy at a time, mostly.
-    const KEPT: usize = 4;
-
-    /// An empty queue: a kept one, or a new one (which allocates nothing yet).
-    fn take(&mut self) -> VecDeque<Pending> {
-        self.0.pop().unwrap_or_default()
-    }
-
-    /// Keeps `queue` (emptied) for a later sweep, if there is room.
-    fn keep(&mut self, queue: VecDeque<Pending>) {
-        if queue.is_empty() && self.0.len() < Self::KEPT {
-            self.0.push(queue);
-        }
-    }
-}
-
-/// Takes the `n` oldest of `queue` out, in order, with as few moves as can be: when
-/// they are most of it (all, or all but the releases queued since a sweep asked),
-/// `queue` changes places with `spare` (empty) and the newer ones move back; else
-/// they move into `spare`.
-fn take_oldest<T>(queue: &mut VecDeque<T>, n: usize, spare: VecDeque<T>) -> VecDeque<T> {
-    if 2 * n >= queue.len() {
-        let mut taken = std::mem::replace(queue, spare);
-        queue.extend(taken.drain(n..));
-        taken
-    } else {
-        let mut taken = spare;
-        taken.extend(queue.drain(..n));
-        taken
-    }
-}
-
-/// How many of a lane's oldest releases `answer` says are done or failed: those it
-/// covers, in order, up to the first it does not.
-fn answered(queued: &VecDeque<Pending>, answer: &Answer) -> usize {
-    match answer {
-        // `seq` grows from each release queued in a lane to the next.
-        Answer::AllUpTo(seq) => queued.partition_point(|p| p.seq <= *seq),
-        Answer::Walked(walked) => {
-            queued.iter().take_while(|p| walked.iter().any(|(seq, _)| *seq == p.seq)).count()
-        }
-    }
-}
-
-/// A queued release a sweep asks about: its `seq`, and its event.
-type Asked = (u64, EventProbe);
-
-/// What a sweep learned of one lane.
-enum Answer {
-    /// Its releases up to this `seq` are done (the newest asked was).
-    AllUpTo(u64),
-    /// Its oldest releases, each done (`None`) or failed (why), in order, up to the
-    /// first that is not done.
-    Walked(Vec<(u64, Option<String>)>),
-}
-
-/// Asks a lane's newest release, then (if it is not done) its oldest ones in order
-/// until one is not done; a failed query leaks that release only, except the newest's
-/// when older ones can still be asked.
-fn ask(asked: &[Asked]) -> Answer {
-    let Some(((newest, probe), oldest)) = asked.split_first() else { return Answer::Walked(Vec::new()) };
-    match query_probe(probe) {
-        Ok(true) => return Answer::AllUpTo(*newest),
-        Err(e) if oldest.is_empty() => return Answer::Walked(vec![(*newest, Some(e))]),
-        _ => {}
-    }
-    let mut walked = Vec::new();
-    for (seq, probe) in oldest {
-        match query_probe(probe) {
-            Ok(true) => walked.push((*seq, None)),
-            Ok(false) => break,
-            Err(e) => walked.push((*seq, Some(e))),
-        }
-    }
-    Answer::Walked(walked)
 }
 
 /// Where a done release's keep-alive is dropped.
@@ -674,14 +479,9 @@ fn perform(r: &Reaper, batch: Batch, deliver: Deliver) {
     r.pending.fetch_sub(n, Ordering::Relaxed);
     r.released.fetch_add(released, Ordering::Relaxed);
     let waiting = {
-        let mut q = lock(r);
-        if let Some(lane) = q.lanes.get_mut(&batch.key) {
-            lane.taken.retain(|&(id, _)| id != batch.id);
-            if lane.queued.is_empty() && lane.taken.is_empty() {
-                q.lanes.remove(&batch.key);
-            }
-        }
-        q.waiting
+        let mut s = lock(r);
+        s.queue.finish(batch.id);
+        s.waiting
     };
     // A flush counts itself under the lock before it waits, so it cannot miss this.
     if waiting > 0 {
@@ -714,12 +514,8 @@ pub fn flush() {
 /// reaper::flush_stream(&a); // nothing queued there: returns at once
 /// ```
 pub fn flush_stream(stream: &Stream) {
-    let key = stream_key(stream);
+    let key = StreamKey::of(stream);
     flush_where(|k| *k == key)
-}
-
-fn stream_key(stream: &Stream) -> StreamKey {
-    (stream.backend() as *const dyn crate::Backend as *const () as usize, stream.raw(), stream.thread())
 }
 
 fn flush_where(select: impl Fn(&StreamKey) -> bool) {
@@ -729,37 +525,19 @@ fn flush_where(select: impl Fn(&StreamKey) -> bool) {
     home::take_all_now();
     // Take what is queued for the selected streams, and note the batches others
     // (the background thread, another flush, a drain) took before this call.
-    let (mine, others) = {
-        let mut q = lock(r);
-        let keys: Vec<StreamKey> = q.lanes.keys().filter(|k| select(k)).copied().collect();
-        let mut mine = Vec::new();
-        let mut others = Vec::new();
-        for key in keys {
-            let Some(lane) = q.lanes.get_mut(&key) else { continue };
-            others.extend(lane.taken.iter().map(|&(id, _)| (key, id)));
-            if lane.queued.is_empty() {
-                continue;
-            }
-            let items: Vec<Pending> = lane.queued.drain(..).collect();
-            let stream = lane.stream.clone();
-            let id = q.open_batch(key, items.len());
-            mine.push((stream, Batch { key, id, items: Vec::new() }, items));
-        }
-        (mine, others)
-    };
+    let flushed = lock(r).queue.take_queued(select);
     // Wait on the device with no lock held.
-    for (stream, mut batch, items) in mine {
-        batch.items = settle(&stream, items);
-        perform(r, batch, Deliver::Here);
+    for lane in flushed.batches {
+        let items = settle(&lane.stream, lane.items);
+        perform(r, Batch { id: lane.batch, items }, Deliver::Here);
     }
     {
-        let mut q = lock(r);
-        q.waiting += 1;
-        while others.iter().any(|(k, id)| q.lanes.get(k).is_some_and(|l| l.taken.iter().any(|t| t.0 == *id)))
-        {
-            q = r.done.wait(q).unwrap_or_else(|p| p.into_inner());
+        let mut s = lock(r);
+        s.waiting += 1;
+        while flushed.earlier.iter().any(|b| s.queue.is_open(b.id)) {
+            s = r.done.wait(s).unwrap_or_else(|p| p.into_inner());
         }
-        q.waiting -= 1;
+        s.waiting -= 1;
     }
     // What the background thread gave back to the homes is done here too.
     home::take_all_now();
@@ -768,7 +546,7 @@ fn flush_where(select: impl Fn(&StreamKey) -> bool) {
 /// Waits for the last of one stream's releases (events of a stream complete in
 /// order). When that wait fails, each event is asked instead, and the releases it
 /// does not say are done are leaked.
-fn settle(stream: &Stream, items: Vec<Pending>) -> Vec<(Pending, Outcome)> {
+fn settle(stream: &Stream, items: Vec<Pending<Event>>) -> Vec<(Pending<Event>, Outcome)> {
     let waited = match items.last() {
         Some(last) => match catch_unwind(AssertUnwindSafe(|| last.event.synchronize())) {
             Ok(Ok(())) => Ok(()),
@@ -812,6 +590,7 @@ pub fn released() -> u64 {
 mod erased;
 mod exit;
 mod home;
+mod queue;
 #[cfg(test)]
 mod tests;
 

@@ -4,9 +4,11 @@ use super::*;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream::{Backend, EventPool, RawEvent, RawStream};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
+use std::thread::ThreadId;
 use std::time::Instant;
 
 /// Events of this stream complete at once.
@@ -513,24 +515,6 @@ fn a_release_after_the_background_thread_parked_wakes_it() {
     );
 }
 
-#[test]
-fn lane_keys_that_differ_in_any_part_hash_apart() {
-    use std::hash::BuildHasher;
-    let h = std::hash::BuildHasherDefault::<KeyHasher>::default();
-    let here = std::thread::current().id();
-    let there = std::thread::spawn(|| std::thread::current().id()).join().unwrap();
-    let keys: [StreamKey; 6] = [
-        (0x1000, 0, None),
-        (0x1008, 0, None),
-        (0x1000, 7, None),
-        (0x1000, 2, Some(here)),
-        (0x1000, 2, Some(there)),
-        (0x1000, 2, None),
-    ];
-    let hashes: std::collections::HashSet<u64> = keys.iter().map(|k| h.hash_one(k)).collect();
-    assert_eq!(hashes.len(), keys.len(), "every part of a key reaches its hash");
-}
-
 /// Host memory whose drop says on which thread it happened.
 struct HomeProbe {
     data: Vec<f32>,
@@ -692,36 +676,4 @@ fn a_sweep_takes_the_releases_whose_work_is_done_and_no_newer_one() {
         take_returns();
         second_done.load(Ordering::SeqCst) && third_done.load(Ordering::SeqCst)
     }));
-}
-
-#[test]
-fn an_answer_covers_the_oldest_releases_it_names_and_no_newer_one() {
-    let fake = Fake::new();
-    let s = fake.stream(OK);
-    let queued: VecDeque<Pending> = [3, 5, 8]
-        .into_iter()
-        .map(|seq| Pending { event: s.record().unwrap(), seq, keep_alive: KeepAlive::new(()), home: None })
-        .collect();
-    // Done up to a `seq`: every release queued up to it (all, or the older ones).
-    assert_eq!(answered(&queued, &Answer::AllUpTo(8)), 3);
-    assert_eq!(answered(&queued, &Answer::AllUpTo(9)), 3);
-    assert_eq!(answered(&queued, &Answer::AllUpTo(6)), 2);
-    assert_eq!(answered(&queued, &Answer::AllUpTo(2)), 0);
-    // Walked: the oldest ones named, done or failed, up to the first not named.
-    assert_eq!(answered(&queued, &Answer::Walked(vec![(3, None), (5, Some("failed".into()))])), 2);
-    assert_eq!(answered(&queued, &Answer::Walked(vec![(3, None)])), 1);
-    // A flush took the release the walk named first: the ones left are newer.
-    assert_eq!(answered(&queued, &Answer::Walked(vec![(1, None), (2, None)])), 0);
-}
-
-#[test]
-fn taking_the_oldest_releases_keeps_both_parts_in_order() {
-    for len in 0..9usize {
-        for n in 0..=len {
-            let mut queue: VecDeque<usize> = (0..len).collect();
-            let taken = take_oldest(&mut queue, n, VecDeque::with_capacity(len));
-            assert_eq!(taken.into_iter().collect::<Vec<_>>(), (0..n).collect::<Vec<_>>(), "{n} of {len}");
-            assert_eq!(queue.into_iter().collect::<Vec<_>>(), (n..len).collect::<Vec<_>>(), "{n} of {len}");
-        }
-    }
 }
