@@ -383,6 +383,37 @@ impl Pipeline {
         }
     }
 
+    /// One step with `x` updated in place (`x += y`): what a CUDA graph of the step
+    /// replays, reading and writing the same memory every time.
+    pub fn step_in_place(&self, x: &mut Tensor) -> Result<()> {
+        let y = self.kernel(&self.matmul(x)?)?;
+        let _ = x.f_add_(&y)?;
+        Ok(())
+    }
+
+    /// [`torch_step`](Self::torch_step) with `x` updated in place.
+    pub fn torch_step_in_place(&self, x: &mut Tensor) -> Result<()> {
+        let y = ln_gelu_torch(&x.f_matmul(&self.w)?)?;
+        let _ = x.f_add_(&y)?;
+        Ok(())
+    }
+
+    /// A CUDA graph of one step (`mixed`: the pipeline's, with its XLA kernel; else
+    /// PyTorch's alone), capturing `x` as its one input, updated in place by every
+    /// replay (`graph.inputs()[0]`). The graph keeps the pipeline (its weight and XLA
+    /// kernel) alive. CUDA only.
+    pub fn graph(self: &std::rc::Rc<Self>, x: &Tensor, mixed: bool) -> Result<handoff_torch::graph::Graph> {
+        use handoff_torch::graph::{CaptureOptions, Graph};
+        let p = self.clone();
+        let graph = Graph::capture(0, vec![x.copy()], &CaptureOptions::default().warmup(0), move |inputs| {
+            let mut x = inputs[0].shallow_clone();
+            let done = if mixed { p.step_in_place(&mut x) } else { p.torch_step_in_place(&mut x) };
+            done.map_err(|e| handoff::Error::Adapter { adapter: "pipeline", message: e.to_string() })?;
+            Ok(Vec::new())
+        })?;
+        Ok(graph)
+    }
+
     /// One step in PyTorch alone (the reference, and the benchmark's baseline).
     pub fn torch_step(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.f_add(&ln_gelu_torch(&x.f_matmul(&self.w)?)?)?)

@@ -23,6 +23,7 @@
 //! cargo xtask demo -- --device cuda --streams two   # PyTorch on its own stream
 //! cargo xtask demo -- --device mock             # the protocol on the simulated device
 //! cargo xtask demo -- --device cuda --size 256 --iters 2000 --streams two --seconds 300   # a soak
+//! cargo xtask demo -- --device cuda --size 256 --iters 2000 --graph   # one CUDA graph per step
 //! ```
 
 use handoff::mock::{Kernel, Mock, MockTensor};
@@ -33,7 +34,7 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
 usage: pipeline [--device cpu|cuda|mock] [--dtype f32|bf16] [--size N] [--iters N] [--seed N]
-                [--streams one|two] [--seconds S]
+                [--streams one|two] [--seconds S] [--graph]
 
   --device   cpu (CPU libtorch, the PJRT plugin in HANDOFF_PJRT_PLUGIN), cuda (device 0,
              JAX's CUDA plugin), or mock (the protocol on handoff's simulated device).
@@ -49,7 +50,10 @@ usage: pipeline [--device cpu|cuda|mock] [--dtype f32|bf16] [--size N] [--iters 
              have passed, checking each round's last step against PyTorch and printing
              its hand-off stats and the process's resident memory; at the end every
              release must have happened (none pending, none leaked), with no host sync
-             and no copy on CUDA";
+             and no copy on CUDA
+  --graph    cuda only: the step (matmul, XLA kernel, add, x updated in place) captured
+             once into one CUDA graph through PyTorch's CUDAGraph, then replayed: one
+             launch per step, no hand-off on the host after the capture";
 
 #[derive(Debug)]
 struct Args {
@@ -61,6 +65,8 @@ struct Args {
     streams: Streams,
     /// A soak of this many seconds instead of one run (`--seconds`).
     seconds: Option<f64>,
+    /// Replay one CUDA graph of the step (`--graph`).
+    graph: bool,
 }
 
 /// Whether PyTorch and XLA share one stream on CUDA.
@@ -81,6 +87,7 @@ fn parse_args() -> Result<Args, String> {
         seed: 0,
         streams: Streams::One,
         seconds: None,
+        graph: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -108,6 +115,7 @@ fn parse_args() -> Result<Args, String> {
                 }
                 args.seconds = Some(v);
             }
+            "--graph" => args.graph = true,
             "-h" | "--help" => return Err(String::new()),
             // `cargo xtask demo -- <args>` passes the `--` on.
             "--" => {}
@@ -116,6 +124,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.iters == 0 {
         return Err("--iters must be at least 1".into());
+    }
+    if args.graph && (args.device.as_deref() != Some("cuda") || args.seconds.is_some()) {
+        return Err("--graph needs --device cuda (and no --seconds)".into());
     }
     Ok(args)
 }
@@ -180,7 +191,7 @@ fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
     let (dtype, n) = dtype_and_size(backend, args);
     let iters = args.iters;
     let t_setup = Instant::now();
-    let p = Pipeline::new(backend, dtype, n, args.seed)?;
+    let p = std::rc::Rc::new(Pipeline::new(backend, dtype, n, args.seed)?);
     let x0 = p.initial_x(args.seed + 1)?;
     println!(
         "pipeline: x = x + gelu_tanh(layernorm(x @ w)), {n}x{n} {}, {iters} steps on {}",
@@ -228,15 +239,34 @@ fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
     // The run, every phase timed on the host.
     let before = stats::stats();
     let mut phases = Phases::default();
-    let t0 = Instant::now();
     let mut x = x0.shallow_clone();
     let mut last_input = x0.shallow_clone();
     let report_every = (iters / 4).max(1);
+    let graph = if args.graph {
+        let t = Instant::now();
+        let g = p.graph(&x0, true)?;
+        println!(
+            "  graph: the step captured once ({:.1} ms); each step below is one replay",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        Some(g)
+    } else {
+        None
+    };
+    let t0 = Instant::now();
     for i in 0..iters {
-        if i + 1 == iters {
-            last_input = x.shallow_clone();
+        if let Some(g) = &graph {
+            if i + 1 == iters {
+                last_input = g.inputs()[0].copy();
+            }
+            g.replay()?;
+            x = g.inputs()[0].shallow_clone();
+        } else {
+            if i + 1 == iters {
+                last_input = x.shallow_clone();
+            }
+            x = p.step(&x, Some(&mut phases))?;
         }
-        x = p.step(&x, Some(&mut phases))?;
         if (i + 1) % report_every == 0 || i + 1 == iters {
             println!(
                 "  step {:>6}/{iters} enqueued after {:>9.1} ms",
@@ -250,11 +280,13 @@ fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
     p.synchronize();
     let wall = t0.elapsed();
 
-    println!("host time per step, by phase (mean over {} steps):", phases.steps);
-    for (name, d) in phases.list() {
-        println!("  {name:<22} {:>9.1} us", us(d) / f64::from(phases.steps));
+    if phases.steps > 0 {
+        println!("host time per step, by phase (mean over {} steps):", phases.steps);
+        for (name, d) in phases.list() {
+            println!("  {name:<22} {:>9.1} us", us(d) / f64::from(phases.steps));
+        }
+        println!("  {:<22} {:>9.1} us", "total", us(phases.total()) / f64::from(phases.steps));
     }
-    println!("  {:<22} {:>9.1} us", "total", us(phases.total()) / f64::from(phases.steps));
     println!(
         "wall time: {:.2} ms enqueued, {:.2} ms with the device done ({:.1} us per step)",
         enqueued.as_secs_f64() * 1e3,
@@ -264,11 +296,18 @@ fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
 
     let steps = iters as u64;
     println!("hand-off stats over the {iters} steps: {during}");
-    println!(
-        "  hand-offs     {:>7}  ({} per step: torch->xla, xla->torch)",
-        during.exports,
-        during.exports / steps
-    );
+    if graph.is_some() {
+        println!(
+            "  hand-offs     {:>7}  (made once, in the capture; a replay makes none), {} kept with the graph",
+            during.exports, during.releases_with_graph
+        );
+    } else {
+        println!(
+            "  hand-offs     {:>7}  ({} per step: torch->xla, xla->torch)",
+            during.exports,
+            during.exports / steps
+        );
+    }
     println!("  waits         {:>7} enqueued, {} elided", during.waits_enqueued, during.waits_elided);
     let syncs_note = match backend {
         Backend::Cuda => "0 expected: ordering stays on the GPU",
@@ -322,6 +361,19 @@ fn run(backend: Backend, args: &Args) -> Result<bool, PipelineError> {
     if backend == Backend::Cuda && during.host_syncs != 0 {
         println!("FAILED: {} host syncs on the CUDA hand-off path", during.host_syncs);
         ok = false;
+    }
+    if let Some(g) = graph {
+        // What the graph kept (PJRT's holds, the kernel's input and output) is released
+        // once the driver says it is gone: waited for here, before the process exits.
+        drop(g);
+        if !handoff::graph::wait_released(Duration::from_secs(5)) {
+            println!(
+                "FAILED: {} releases kept with the graph were not done 5 s after it was dropped",
+                handoff::graph::pending()
+            );
+            ok = false;
+        }
+        reaper::flush();
     }
     println!("result: {}", if ok { "correct" } else { "WRONG" });
     Ok(ok)

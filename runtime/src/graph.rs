@@ -32,7 +32,67 @@
 //! drop(graph); // the graph is gone: what it kept is dropped
 //! ```
 
-/// What a graph keeps until it is destroyed: the release to do then (dropping a
-/// keep-alive at its home, or running a callback a framework enqueued during the
-/// capture), run once, on a thread of handoff's.
-pub type Kept = Box<dyn FnOnce() + Send>;
+pub use crate::stream::Kept;
+
+/// Keeps `value` until the graph `stream` is capturing is destroyed and every launch
+/// of it is done, then drops it on a thread of handoff's: for an adapter whose memory
+/// a graph uses beyond a hand-off's own release (an XLA output, which every replay
+/// writes). Refused when `stream` does not capture; when the backend cannot keep it,
+/// `value` is leaked (never dropped: a replay may use it) and the error returned.
+///
+/// ```
+/// use handoff_runtime::{graph, mock::Mock};
+/// let mock = Mock::new();
+/// let s = mock.stream(0, "s");
+/// assert!(graph::keep(&s, vec![0u8; 4]).is_err()); // not capturing
+/// mock.begin_capture(&s);
+/// graph::keep(&s, vec![0u8; 4]).unwrap();
+/// assert_eq!(mock.end_capture(&s).kept(), 1);
+/// ```
+pub fn keep<K: Send + 'static>(stream: &crate::Stream, value: K) -> crate::Result<()> {
+    if !stream.is_capturing()? {
+        return Err(crate::Error::Backend {
+            backend: stream.backend().name(),
+            call: "graph::keep",
+            message: format!("{stream:?} is not capturing a graph"),
+        });
+    }
+    stream.backend().keep_with_graph(stream.raw(), counted(Box::new(move || drop(value)))).map_err(
+        |(e, value)| {
+            std::mem::forget(value);
+            e
+        },
+    )
+}
+
+/// Releases kept with graphs and not done yet (see [`pending`]).
+static PENDING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `release`, counted in [`pending`] until it has run.
+pub(crate) fn counted(release: Kept) -> Kept {
+    PENDING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Box::new(move || {
+        release();
+        PENDING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    })
+}
+
+/// How many releases graphs keep (or were destroyed and not yet did): those of live
+/// graphs, and those the driver has not yet handed back after a graph was destroyed.
+pub fn pending() -> usize {
+    PENDING.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Waits, polling, up to `timeout` for every release kept with a graph to be done
+/// ([`pending`] 0): after the program dropped its graphs, before it exits, so that
+/// what they kept is not released while the process tears CUDA down. Whether all were.
+pub fn wait_released(timeout: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    while pending() != 0 {
+        if start.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}

@@ -16,6 +16,11 @@ pub type RawStream = u64;
 /// A backend's raw event handle (a `CUevent` address, a mock event index).
 pub type RawEvent = u64;
 
+/// What a graph keeps until it is destroyed (see `handoff_runtime::graph`): the release
+/// to do then (dropping a keep-alive at its home, or running a callback a framework
+/// enqueued during the capture), run once, on a thread of handoff's.
+pub type Kept = Box<dyn FnOnce() + Send>;
+
 /// What a kind of device must do for the protocol: events that record a point in a
 /// stream, waits that order one stream after such a point without blocking the host,
 /// a non-blocking query, and a blocking synchronize (which callers count).
@@ -75,14 +80,10 @@ pub trait Backend: std::any::Any + Send + Sync {
     }
     /// Keeps `keep_alive` until the graph `stream` is capturing is destroyed and every
     /// launch of it is done, then drops it on a thread of handoff's (see
-    /// [`crate::graph`]). Called only where [`is_capturing`](Self::is_capturing) said
+    /// `handoff_runtime::graph`). Called only where [`is_capturing`](Self::is_capturing) said
     /// so; on failure, `keep_alive` comes back (and is leaked, as a replay may use it).
     /// The default cannot: it says so.
-    fn keep_with_graph(
-        &self,
-        stream: RawStream,
-        keep_alive: crate::graph::Kept,
-    ) -> std::result::Result<(), (Error, crate::graph::Kept)> {
+    fn keep_with_graph(&self, stream: RawStream, keep_alive: Kept) -> std::result::Result<(), (Error, Kept)> {
         let reason = format!(
             "the {} backend cannot keep memory for a graph of {}",
             self.name(),

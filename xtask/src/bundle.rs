@@ -68,6 +68,8 @@ pub const PACKAGES: &[Package] = &[
             Kind::Test("gpu_side_streams"),
             Kind::Test("gpu_hazard"),
             Kind::Test("gpu_stress"),
+            // One CUDA graph of a step with an XLA program, against eager; refusals.
+            Kind::Test("gpu_graph"),
         ],
         features: &[],
         needs_setup: true,
@@ -96,6 +98,8 @@ pub const PACKAGES: &[Package] = &[
             // A jax.export kernel's VJP on PyTorch CUDA tensors (the ("cpu", "cuda") artifact).
             Kind::Test("train_step"),
             Kind::Bench("pipeline_gpu"),
+            // The step replayed as one CUDA graph (mixed and PyTorch alone) beside eager.
+            Kind::Bench("pipeline_graph"),
             // The demo as a user runs it on the GPU: its defaults (4096² bf16, one
             // stream), two streams, and the host-bound 256².
             Kind::Example(
@@ -105,6 +109,7 @@ pub const PACKAGES: &[Package] = &[
                     &["--device", "cuda", "--streams", "two"],
                     &["--device", "cuda", "--size", "256", "--iters", "2000"],
                     &["--device", "cuda", "--size", "256", "--iters", "2000", "--streams", "two"],
+                    &["--device", "cuda", "--size", "256", "--iters", "2000", "--graph"],
                 ],
             ),
         ],

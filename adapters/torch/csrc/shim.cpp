@@ -11,10 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 
 #ifdef HANDOFF_TORCH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -277,6 +280,77 @@ char* hf_cuda_sleep(int32_t device, int64_t cycles) {
   })
 }
 
+// at::cuda::CUDAGraph, reached through libtorch_cuda.so's symbols (the shim does not
+// link it): constructed in memory the shim allocates, its methods called as the
+// functions they are (`this` first).
+}  // extern "C"
+namespace {
+using Graph = at::cuda::CUDAGraph;
+
+template <typename F>
+F graph_fn(const char* symbol) {
+  load_torch_cuda();
+  if (torch_cuda == nullptr) {
+    throw std::runtime_error(std::string("libtorch_cuda.so is not loaded: ") + load_error);
+  }
+  auto f = reinterpret_cast<F>(dlsym(torch_cuda, symbol));
+  if (f == nullptr) {
+    throw std::runtime_error(std::string("at::cuda::CUDAGraph's ") + symbol + " is not in libtorch_cuda.so");
+  }
+  return f;
+}
+}  // namespace
+extern "C" {
+
+char* hf_graph_new(void** out) {
+  HF_TRY({
+    *out = nullptr;
+    auto construct = graph_fn<void (*)(Graph*, bool)>("_ZN2at4cuda9CUDAGraphC1Eb");
+    void* memory = ::operator new(sizeof(Graph), std::align_val_t(alignof(Graph)));
+    try {
+      construct(static_cast<Graph*>(memory), /*keep_graph=*/true);
+    } catch (...) {
+      ::operator delete(memory, std::align_val_t(alignof(Graph)));
+      throw;
+    }
+    *out = memory;
+  })
+}
+
+char* hf_graph_capture_begin(void* graph, int32_t device, int32_t mode) {
+  HF_TRY({
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+    auto begin = graph_fn<void (*)(Graph*, at::cuda::MempoolId_t, cudaStreamCaptureMode)>(
+        "_ZN2at4cuda9CUDAGraph13capture_beginESt4pairIyyE21cudaStreamCaptureMode");
+    begin(static_cast<Graph*>(graph), at::cuda::MempoolId_t{0, 0}, static_cast<cudaStreamCaptureMode>(mode));
+  })
+}
+
+char* hf_graph_capture_end(void* graph, void** raw_graph) {
+  HF_TRY({
+    *raw_graph = nullptr;
+    graph_fn<void (*)(Graph*)>("_ZN2at4cuda9CUDAGraph11capture_endEv")(static_cast<Graph*>(graph));
+    *raw_graph = graph_fn<cudaGraph_t (*)(Graph*)>("_ZN2at4cuda9CUDAGraph14raw_cuda_graphEv")(
+        static_cast<Graph*>(graph));
+  })
+}
+
+char* hf_graph_instantiate(void* graph) {
+  HF_TRY({ graph_fn<void (*)(Graph*)>("_ZN2at4cuda9CUDAGraph11instantiateEv")(static_cast<Graph*>(graph)); })
+}
+
+char* hf_graph_replay(void* graph) {
+  HF_TRY({ graph_fn<void (*)(Graph*)>("_ZN2at4cuda9CUDAGraph6replayEv")(static_cast<Graph*>(graph)); })
+}
+
+char* hf_graph_free(void* graph) {
+  HF_TRY({
+    if (graph == nullptr) return nullptr;
+    graph_fn<void (*)(Graph*)>("_ZN2at4cuda9CUDAGraphD1Ev")(static_cast<Graph*>(graph));
+    ::operator delete(graph, std::align_val_t(alignof(Graph)));
+  })
+}
+
 #else  // no CUDA headers at build time
 
 namespace {
@@ -294,6 +368,18 @@ char* hf_cuda_record_stream(const void*, int32_t, uint64_t, int32_t* recorded) {
   return no_cuda();
 }
 char* hf_cuda_sleep(int32_t, int64_t) { return no_cuda(); }
+char* hf_graph_new(void** out) {
+  *out = nullptr;
+  return no_cuda();
+}
+char* hf_graph_capture_begin(void*, int32_t, int32_t) { return no_cuda(); }
+char* hf_graph_capture_end(void*, void** raw_graph) {
+  *raw_graph = nullptr;
+  return no_cuda();
+}
+char* hf_graph_instantiate(void*) { return no_cuda(); }
+char* hf_graph_replay(void*) { return no_cuda(); }
+char* hf_graph_free(void*) { return no_cuda(); }
 
 #endif
 

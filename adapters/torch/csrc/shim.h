@@ -64,6 +64,19 @@ char* hf_cuda_record_stream(const void* tensor, int32_t device, uint64_t raw, in
 // at::cuda::sleep(cycles) on the current stream of the current device.
 char* hf_cuda_sleep(int32_t device, int64_t cycles);
 
+// PyTorch's CUDA graph (at::cuda::CUDAGraph with keep_graph = true), whose capture
+// uses PyTorch's own capture memory pool. The capture runs on the current stream of
+// `device` (made the current device) (not the default stream); `mode` is a cudaStreamCaptureMode
+// (0 global, 1 thread-local, 2 relaxed). After hf_graph_capture_end, *raw_graph is the
+// cudaGraph_t, which may be edited before hf_graph_instantiate. hf_graph_free destroys
+// the graph and its executable graph.
+char* hf_graph_new(void** out);
+char* hf_graph_capture_begin(void* graph, int32_t device, int32_t mode);
+char* hf_graph_capture_end(void* graph, void** raw_graph);
+char* hf_graph_instantiate(void* graph);
+char* hf_graph_replay(void* graph);
+char* hf_graph_free(void* graph);
+
 #ifdef __cplusplus
 }
 #endif

@@ -133,6 +133,15 @@ pub enum TorchError {
         device: Device,
     },
 
+    /// A CUDA graph capture that cannot be made or used ([`crate::graph`]).
+    #[error("CUDA graph: {what}: {message}")]
+    Graph {
+        /// What failed: the step, the end of the capture, an input given for a replay.
+        what: String,
+        /// Why, with what to do about it.
+        message: String,
+    },
+
     /// A call into libtorch failed; `message` is PyTorch's.
     #[error("{call} failed in libtorch: {message}")]
     Shim {

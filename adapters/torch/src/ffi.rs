@@ -94,6 +94,12 @@ unsafe extern "C" {
         recorded: *mut i32,
     ) -> *mut c_char;
     pub(crate) fn hf_cuda_sleep(device: i32, cycles: i64) -> *mut c_char;
+    pub(crate) fn hf_graph_new(out: *mut *mut c_void) -> *mut c_char;
+    pub(crate) fn hf_graph_capture_begin(graph: *mut c_void, device: i32, mode: i32) -> *mut c_char;
+    pub(crate) fn hf_graph_capture_end(graph: *mut c_void, raw_graph: *mut *mut c_void) -> *mut c_char;
+    pub(crate) fn hf_graph_instantiate(graph: *mut c_void) -> *mut c_char;
+    pub(crate) fn hf_graph_replay(graph: *mut c_void) -> *mut c_char;
+    pub(crate) fn hf_graph_free(graph: *mut c_void) -> *mut c_char;
 }
 
 /// Turns a shim return value into a `Result`, freeing the message.

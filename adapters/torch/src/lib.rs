@@ -10,6 +10,7 @@
 //!   [`CurrentStream`] lets generic code (`handoff::transfer`, an XLA kernel call) take
 //!   and return `tch::Tensor`s directly, on PyTorch's current stream.
 //! - [`cuda`]: PyTorch's CUDA streams (current, pool, switching) and a GPU spin kernel.
+//! - [`graph`]: one CUDA graph for a step that mixes PyTorch's work with XLA's or your own.
 //!
 //! Export describes the tensor as DLPack from PyTorch's own metadata (every strided
 //! layout and every dtype DLPack and PyTorch share); the hand-off keeps a shallow
@@ -44,6 +45,8 @@ mod ffi;
 #[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod floor;
+#[cfg(feature = "cuda")]
+pub mod graph;
 
 pub use error::TorchError;
 

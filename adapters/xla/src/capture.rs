@@ -15,21 +15,29 @@
 //!   held; captured, they would run again at every replay. They are taken out of the
 //!   graph and run once when the graph is gone.
 //!
-//! What an execution in the graph uses lives as long as the graph: its inputs' views,
-//! its outputs (their addresses are baked into the graph) and PJRT's holds.
+//! What an execution in the graph uses lives as long as the graph: its inputs' views
+//! and PJRT's holds (released by the callbacks taken out), and its outputs, whose
+//! addresses are baked into the graph: a buffer made ready on a capturing stream keeps
+//! a share of itself with the graph (`handoff_runtime::graph::keep`), whenever its
+//! hand-off is released.
 
 use crate::client::ClientInner;
 use handoff_runtime::Stream;
 
 /// Settles the capture `consumer` belongs to, after an XLA buffer of `client`'s device
-/// `device` was made ready on it (see the module docs). Nothing when it does not capture.
-pub(crate) fn settle(client: &ClientInner, device: usize, consumer: &Stream) -> handoff_runtime::Result<()> {
+/// `device` was made ready on it (see the module docs); whether it captures (nothing is
+/// done when it does not).
+pub(crate) fn settle(
+    client: &ClientInner,
+    device: usize,
+    consumer: &Stream,
+) -> handoff_runtime::Result<bool> {
     if !consumer.is_capturing()? {
-        return Ok(());
+        return Ok(false);
     }
     if let Some(ready) = client.ready_streams[device].get().filter(|r| !r.is_host()) {
         consumer.wait(&ready.record()?)?;
     }
     handoff_runtime::cuda::settle_capture(consumer, |code| client.plugin.owns_code(code))?;
-    Ok(())
+    Ok(true)
 }

@@ -526,14 +526,16 @@ impl Drop for ExternalRef {
 
 /// Makes the data of `raw` (a live buffer of `client` on its device `device`)
 /// visible to work enqueued on `consumer` from now on. CUDA: the stream extension's
-/// `wait_until_buffer_ready_on_stream` (no host wait). CPU (`consumer` the host):
-/// nothing if the data is ready, else a counted host wait.
+/// `wait_until_buffer_ready_on_stream` (no host wait), then, when `consumer` captures
+/// a graph, the capture settled (`crate::capture`). CPU (`consumer` the host): nothing
+/// if the data is ready, else a counted host wait. Also says whether `consumer`
+/// captures: the caller then keeps the buffer with the graph.
 fn ready_on(
     client: &ClientInner,
     raw: *mut crate::sys::PJRT_Buffer,
     device: usize,
     consumer: &Stream,
-) -> handoff_runtime::Result<Ready> {
+) -> handoff_runtime::Result<(Ready, bool)> {
     let api = client.api();
     match client.plugin.stream_extension() {
         Some(ext) => {
@@ -542,8 +544,10 @@ fn ready_on(
             unsafe { result::stream::wait_until_buffer_ready_on_stream(api, ext, raw, stream as isize)? };
             handoff_runtime::stats::count_wait_enqueued();
             #[cfg(feature = "cuda")]
-            crate::capture::settle(client, device, consumer)?;
-            Ok(Ready::Waited)
+            let captured = crate::capture::settle(client, device, consumer)?;
+            #[cfg(not(feature = "cuda"))]
+            let captured = false;
+            Ok((Ready::Waited, captured))
         }
         None => {
             if !consumer.is_host() {
@@ -558,11 +562,11 @@ fn ready_on(
                 Some(status) => {
                     handoff_runtime::stats::count_wait_elided();
                     status?;
-                    Ok(Ready::Elided)
+                    Ok((Ready::Elided, false))
                 }
                 None => {
                     ev.wait()?;
-                    Ok(Ready::HostSynced)
+                    Ok((Ready::HostSynced, false))
                 }
             }
         }
@@ -600,8 +604,13 @@ impl StreamOrdered for Buffer {
     /// CUDA: the stream extension's `wait_until_buffer_ready_on_stream` (no host
     /// wait). CPU (`consumer` the host): nothing if the data is ready, else a counted
     /// host wait.
+    /// When `consumer` captures a graph, a share of the buffer is kept with the graph.
     fn ready_on(&self, consumer: &Stream) -> handoff_runtime::Result<Ready> {
-        ready_on(&self.inner.client, self.inner.raw, self.inner.device, consumer)
+        let (ready, captured) = ready_on(&self.inner.client, self.inner.raw, self.inner.device, consumer)?;
+        if captured {
+            handoff_runtime::graph::keep(consumer, self.clone())?;
+        }
+        Ok(ready)
     }
 }
 
@@ -628,6 +637,13 @@ impl Export for Buffer {
     /// ```
     fn export(self, consumer: &Stream) -> handoff_runtime::Result<Handoff> {
         let ready = self.ready_on(consumer)?;
+        self.export_ready(consumer, ready)
+    }
+}
+
+impl Buffer {
+    /// [`Export::export`] once the buffer is ready on `consumer` (`ready` says how).
+    fn export_ready(self, consumer: &Stream, ready: Ready) -> handoff_runtime::Result<Handoff> {
         {
             let _serial = self.inner.external_refs.lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: live buffer; matched by `ExternalRef`'s drop.
@@ -648,9 +664,9 @@ impl StreamOrdered for OutputBuffer {
         None
     }
 
-    /// As [`Buffer`]'s.
+    /// As [`Buffer`]'s, but it keeps nothing with a graph: the output's export does.
     fn ready_on(&self, consumer: &Stream) -> handoff_runtime::Result<Ready> {
-        ready_on(self.client(), self.raw(), self.device_index(), consumer)
+        ready_on(self.client(), self.raw(), self.device_index(), consumer).map(|(ready, _)| ready)
     }
 }
 
@@ -662,9 +678,16 @@ impl Export for OutputBuffer {
 
     /// Exports the output as a zero-copy [`Handoff`] made ready on `consumer`. It is
     /// the buffer's one owner, so no external reference is taken: the hand-off owns
-    /// the buffer, destroyed once the consumer's queued work is done.
+    /// the buffer, destroyed once the consumer's queued work is done. When `consumer`
+    /// captures a graph, the output becomes a shared [`Buffer`], one
+    /// share kept with the graph (every replay writes it) and one exported.
     fn export(self, consumer: &Stream) -> handoff_runtime::Result<Handoff> {
-        let ready = self.ready_on(consumer)?;
+        let (ready, captured) = ready_on(self.client(), self.raw(), self.device_index(), consumer)?;
+        if captured {
+            let shared = self.into_buffer();
+            handoff_runtime::graph::keep(consumer, shared.clone())?;
+            return shared.export_ready(consumer, ready);
+        }
         // The hand-off keeps the raw buffer and its client alone, not the description.
         let (owned, dtype, shape, device) = self.into_parts();
         let desc = describe(&owned.client, owned.raw, device, dtype, &shape)?;

@@ -41,6 +41,10 @@ pub(crate) const SYMBOLS: &[&str] = &[
     "cuGraphNodeGetDependentNodes_v2",
     "cuGraphHostNodeGetParams",
     "cuGraphHostNodeSetParams",
+    "cuGraphNodeGetDependencies_v2",
+    "cuGraphAddDependencies_v2",
+    "cuGraphDestroyNode",
+    "cuGraphDebugDotPrint",
     "cuGetErrorName",
     "cuGetErrorString",
 ];

@@ -162,6 +162,14 @@ pub struct Settled {
 /// A host node's function once its callback was taken out: does nothing.
 unsafe extern "C" fn taken_out(_: *mut c_void) {}
 
+/// The data of a host node whose callback was taken out: what marks it (a static has
+/// one address; a function's may differ from one use to another).
+static TAKEN_OUT: u8 = 0;
+
+fn taken_out_mark() -> *mut c_void {
+    std::ptr::from_ref(&TAKEN_OUT).cast_mut().cast()
+}
+
 /// A host callback taken out of a graph, run once when the graph is gone.
 struct Callback {
     function: unsafe extern "C" fn(*mut c_void),
@@ -312,19 +320,137 @@ fn take_out_callback(
     // SAFETY: a host node of the live graph; a valid out-pointer.
     check(unsafe { sys::cuGraphHostNodeGetParams(node, &mut params) })?;
     let Some(function) = params.fn_ else { return Ok(false) };
-    if function as usize == taken_out as *const () as usize || !is_foreign(function as usize) {
+    if params.userData == taken_out_mark() || !is_foreign(function as usize) {
         return Ok(false);
     }
-    let nothing = sys::CUDA_HOST_NODE_PARAMS { fn_: Some(taken_out), userData: std::ptr::null_mut() };
+    let nothing = sys::CUDA_HOST_NODE_PARAMS { fn_: Some(taken_out), userData: taken_out_mark() };
     count_calls(1);
     // SAFETY: a host node of the live graph, given a function that does nothing.
     check(unsafe { sys::cuGraphHostNodeSetParams(node, &nothing) })?;
     let callback = Callback { function, data: params.userData };
-    if let Err((e, _)) = keep_with(graph, Box::new(move || callback.run())) {
+    if let Err((e, _)) = keep_with(graph, crate::graph::counted(Box::new(move || callback.run()))) {
         // The callback is neither run nor kept: what it would release stays held.
         eprintln!(
             "handoff: a host callback taken out of a graph cannot be kept with it ({e}); it will not run"
         );
     }
     Ok(true)
+}
+
+/// Removes from `graph` the host nodes whose callbacks [`settle_capture`] took out
+/// (they do nothing, and a host node costs every replay a trip through the driver's
+/// callback thread), keeping the order they carried: each node before one of them
+/// comes before each node after it. Returns how many it removed. Call it between the
+/// end of the capture and the instantiation.
+///
+/// # Safety
+/// `graph` is a live `CUgraph` (a `cudaGraph_t`) that nothing captures into or
+/// instantiates meanwhile.
+pub unsafe fn prune_taken_out(graph: *mut c_void) -> Result<usize> {
+    let graph = graph as sys::CUgraph;
+    let failed = |call: &'static str, e| backend_error(call, e, format_args!("graph {graph:p}"));
+    let mut removed = 0;
+    for node in nodes(graph).map_err(|e| failed("cuGraphGetNodes", e))? {
+        let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        count_calls(1);
+        // SAFETY: a node of the live graph; a valid out-pointer.
+        check(unsafe { sys::cuGraphNodeGetType(node, &mut kind) })
+            .map_err(|e| failed("cuGraphNodeGetType", e))?;
+        if kind != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST {
+            continue;
+        }
+        // SAFETY: a plain C struct, for which all zeroes is valid.
+        let mut params: sys::CUDA_HOST_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        count_calls(1);
+        // SAFETY: a host node of the live graph; a valid out-pointer.
+        check(unsafe { sys::cuGraphHostNodeGetParams(node, &mut params) })
+            .map_err(|e| failed("cuGraphHostNodeGetParams", e))?;
+        if params.userData != taken_out_mark() {
+            continue;
+        }
+        let before = edges(node, true).map_err(|e| failed("cuGraphNodeGetDependencies", e))?;
+        let after = edges(node, false).map_err(|e| failed("cuGraphNodeGetDependentNodes", e))?;
+        for b in &before {
+            let already = edges(*b, false).map_err(|e| failed("cuGraphNodeGetDependentNodes", e))?;
+            // An edge that exists already cannot be added again (CUDA refuses it).
+            for a in after.iter().filter(|a| !already.contains(a)) {
+                count_calls(1);
+                // SAFETY: two nodes of the live graph; one edge between them.
+                check(unsafe { sys::cuGraphAddDependencies_v2(graph, b, a, std::ptr::null(), 1) })
+                    .map_err(|e| failed("cuGraphAddDependencies", e))?;
+            }
+        }
+        count_calls(1);
+        // SAFETY: a node of the live graph, its order kept by the edges just added.
+        check(unsafe { sys::cuGraphDestroyNode(node) }).map_err(|e| failed("cuGraphDestroyNode", e))?;
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// The nodes `node` depends on (`before`) or that depend on it. The edges' data is
+/// read too (CUDA refuses a list without it when an edge has any) and not returned.
+fn edges(
+    node: sys::CUgraphNode,
+    before: bool,
+) -> std::result::Result<Vec<sys::CUgraphNode>, cudarc::driver::DriverError> {
+    let list = |out: *mut sys::CUgraphNode, data: *mut sys::CUgraphEdgeData, n: &mut usize| {
+        count_calls(1);
+        // SAFETY: a node of a live graph; `out` and `data` are null (counting) or have
+        // room for `n`.
+        check(unsafe {
+            if before {
+                sys::cuGraphNodeGetDependencies_v2(node, out, data, n)
+            } else {
+                sys::cuGraphNodeGetDependentNodes_v2(node, out, data, n)
+            }
+        })
+    };
+    let mut n = 0usize;
+    list(std::ptr::null_mut(), std::ptr::null_mut(), &mut n)?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    // SAFETY: a plain C struct, for which all zeroes is valid.
+    let mut data = vec![unsafe { std::mem::zeroed::<sys::CUgraphEdgeData>() }; n];
+    list(nodes.as_mut_ptr(), data.as_mut_ptr(), &mut n)?;
+    nodes.truncate(n);
+    Ok(nodes)
+}
+
+/// What `graph` holds, in words: its node count by kind (`5 nodes: 3 kernel, 2
+/// memset`). With `dot`, the graph is also written there in Graphviz form
+/// (`cuGraphDebugDotPrint`, verbose), to see what a capture recorded.
+///
+/// # Safety
+/// `graph` is a live `CUgraph` (a `cudaGraph_t`) that nothing captures into meanwhile.
+pub unsafe fn describe_graph(graph: *mut c_void, dot: Option<&std::path::Path>) -> Result<String> {
+    let graph = graph as sys::CUgraph;
+    let failed = |call: &'static str, e| backend_error(call, e, format_args!("graph {graph:p}"));
+    if let Some(path) = dot {
+        let path =
+            std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| Error::Backend {
+                backend: "cuda",
+                call: "cuGraphDebugDotPrint",
+                message: format!("{} has a NUL byte", path.display()),
+            })?;
+        count_calls(1);
+        // SAFETY: a live graph; a NUL-terminated path; 1 is CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE.
+        check(unsafe { sys::cuGraphDebugDotPrint(graph, path.as_ptr(), 1) })
+            .map_err(|e| failed("cuGraphDebugDotPrint", e))?;
+    }
+    let nodes = nodes(graph).map_err(|e| failed("cuGraphGetNodes", e))?;
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for &node in &nodes {
+        let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        count_calls(1);
+        // SAFETY: a node of the live graph; a valid out-pointer.
+        check(unsafe { sys::cuGraphNodeGetType(node, &mut kind) })
+            .map_err(|e| failed("cuGraphNodeGetType", e))?;
+        let name = format!("{kind:?}").trim_start_matches("CU_GRAPH_NODE_TYPE_").to_lowercase();
+        match kinds.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, c)) => *c += 1,
+            None => kinds.push((name, 1)),
+        }
+    }
+    let list: Vec<String> = kinds.iter().map(|(n, c)| format!("{c} {n}")).collect();
+    Ok(format!("{} nodes: {}", nodes.len(), list.join(", ")))
 }

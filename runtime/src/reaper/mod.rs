@@ -244,7 +244,7 @@ pub(crate) fn release_for<K: Send + 'static>(
 /// Keeps `keep_alive` with the graph `stream` is capturing, to be given back to its
 /// home once the graph is destroyed ([`crate::graph`]); leaks it if the backend cannot.
 fn keep_with_graph<K: Send + 'static>(stream: &Stream, home: Option<home::Home>, keep_alive: K) {
-    let release: crate::graph::Kept = Box::new(move || home::give(home, keep_alive));
+    let release = crate::graph::counted(Box::new(move || home::give(home, keep_alive)));
     match stream.backend().keep_with_graph(stream.raw(), release) {
         Ok(()) => stats::count(Counter::ReleasesWithGraph, 1),
         Err((e, release)) => {
