@@ -57,6 +57,7 @@ def flush() -> None:
     """Blocks (without the GIL) until every release queued so far has happened."""
 
 def cuda_available() -> bool:
+def prune_graph(graph: Any) -> int: ...
     """Whether the CUDA driver can be used."""
 
 def to_jax(x: Any) -> Any:

@@ -284,6 +284,7 @@ pub fn bundle(root: &Path, out: &Path, prev_wheel: Option<&Path>) -> Result<u64,
         (root.join("bench/dispatch_cost.py"), "dispatch_cost.py".to_string()),
         (root.join("bench/profile_step.py"), "profile_step.py".to_string()),
         (root.join("bench/cuda_core_consumer.py"), "cuda_core_consumer.py".to_string()),
+        (root.join("bench/gpu_graph_checks.py"), "gpu_graph_checks.py".to_string()),
         // What the scripts above share; they import it from their own folder.
         (root.join("bench/harness.py"), "harness.py".to_string()),
         // The DLPack structs [`GPU_SCRIPT`] builds its lifetime control with (pytest's
@@ -417,6 +418,11 @@ step_with() {
 hooks_step python_handoff python_gpu_h200.py 300
 py_step python_gpu_training python_gpu_training.py 200
 py_step python_cuda_core cuda_core_consumer.py 60
+# JAX work inside torch.cuda.graph: the crossings and torch_function captured and
+# replayed against eager, and a training step captured (its time beside a PyTorch layer's).
+py_step python_graph_crossings gpu_graph_checks.py 90 --probe crossings
+py_step python_graph_torch_function gpu_graph_checks.py 90 --probe torch_function
+py_step python_graph_train gpu_graph_checks.py 120 --probe train --prune
 # The host cost of each crossing both ways (256x256 f32, median of 10,000 calls in
 # turns, two rounds; each route forced with _set_route: the hooks wheel); where the JAX
 # layer's dispatch time goes; a host-bound step under cProfile.

@@ -454,3 +454,20 @@ pub unsafe fn describe_graph(graph: *mut c_void, dot: Option<&std::path::Path>) 
     let list: Vec<String> = kinds.iter().map(|(n, c)| format!("{c} {n}")).collect();
     Ok(format!("{} nodes: {}", nodes.len(), list.join(", ")))
 }
+
+/// The file of the loaded library (or program) that holds code at `address`, as the
+/// dynamic loader knows it (`dladdr`): to tell which library a host callback found in
+/// a captured graph belongs to, for [`settle_capture`]'s `is_foreign`.
+pub fn code_library(address: usize) -> Option<std::path::PathBuf> {
+    // SAFETY: a plain C struct, for which all zeroes is valid.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `dladdr` only reads the loader's tables; `info` is a valid out-pointer.
+    if unsafe { libc::dladdr(address as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: the loader's NUL-terminated file name, valid while the library is loaded.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    Some(std::path::PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
+        name.to_bytes(),
+    )))
+}

@@ -43,7 +43,7 @@ mod driver;
 mod graph;
 
 pub use driver::{LIBRARY, driver_calls, driver_calls_total};
-pub use graph::{Settled, describe_graph, prune_taken_out, settle_capture};
+pub use graph::{Settled, code_library, describe_graph, prune_taken_out, settle_capture};
 
 use crate::error::{Error, Result};
 use crate::stream::{RawStream, Stream};

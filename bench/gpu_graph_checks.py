@@ -1,0 +1,199 @@
+"""GPU checks: handoff's Python crossings inside a PyTorch CUDA graph capture
+(``torch.cuda.graph``), with a JAX function between PyTorch ops.
+
+One check per run, so that a crash ends only its own run; exit 1 when it fails::
+
+    python bench/gpu_graph_checks.py --probe crossings --mode thread_local
+    python bench/gpu_graph_checks.py --probe torch_function --mode relaxed
+    python bench/gpu_graph_checks.py --probe train --prune
+
+``crossings``: ``y = to_torch(f(to_jax(x * 2))) + x`` with ``f`` a jitted JAX function;
+``torch_function``: the same through ``handoff.torch_function(f)``. Each: an eager
+warm-up on a side stream (as ``torch.cuda.graph`` asks), the capture, then 100 replays
+with new inputs, each compared with the eager step. ``train``: a training step (forward
+through a JAX layer, backward, SGD) captured once and replayed 20 times, its parameters
+compared with 20 eager steps from the same start, and the ms a replay takes beside the
+same step with a PyTorch layer, captured the same way (64x256, f32). Prints one JSON line: where it
+failed (the exception, in full) or the replays that were right. PJRT's own command
+buffers are turned off in this process (``XLA_FLAGS``), since they would nest a capture
+in PyTorch's.
+"""
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+
+import handoff  # noqa: E402
+
+
+def emit(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--probe", choices=["crossings", "torch_function", "train"], required=True)
+    ap.add_argument("--mode", choices=["global", "thread_local", "relaxed"], default="thread_local")
+    ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--prune", action="store_true", help="keep_graph=True, handoff.prune_graph, instantiate")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        emit(probe=args.probe, skipped="no CUDA device")
+        return 0
+
+    if args.probe == "train":
+        return train(args)
+
+    @jax.jit
+    def f(h):
+        return jax.nn.gelu(h) * 1.1 + 0.5
+
+    layer = handoff.torch_function(lambda h: jax.nn.gelu(h) * 1.1 + 0.5)
+
+    def step(x):
+        h = x * 2.0
+        if args.probe == "crossings":
+            y = handoff.to_torch(f(handoff.to_jax(h)))
+        else:
+            y = layer(h)
+        return y + x
+
+    static_x = torch.randn(4096, device="cuda")
+    stage = "warm-up"
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        stage = "capture"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode=args.mode):
+            static_y = step(static_x)
+        stage = "replays"
+        right = 0
+        for i in range(args.replays):
+            x = torch.randn(4096, device="cuda") * (1 + i % 5)
+            static_x.copy_(x)
+            graph.replay()
+            # Eager JAX work among the replays: its allocator would reuse the graph's
+            # memory if the graph did not keep it.
+            eager = step(x)
+            torch.cuda.synchronize()
+            right += bool(torch.allclose(static_y, eager, rtol=1e-5, atol=1e-5))
+        emit(probe=args.probe, mode=args.mode, captured=True, replays=args.replays, right=right)
+        del graph
+        torch.cuda.synchronize()
+        return 0 if right == args.replays else 1
+    except Exception as e:  # the probe's finding, not a crash
+        emit(
+            probe=args.probe,
+            mode=args.mode,
+            captured=False,
+            failed_at=stage,
+            error=f"{type(e).__name__}: {e}"[:2000],
+            where=traceback.format_exc()[-2000:],
+        )
+        return 1
+
+
+def train(args) -> int:
+    import time
+
+    batch, width = 64, 256
+    layer = handoff.torch_function(lambda h, w: jax.nn.gelu(h @ w))
+
+    def make(use_jax):
+        torch.manual_seed(0)
+        w1 = (torch.randn(width, width, device="cuda") / width**0.5).requires_grad_()
+        w2 = (torch.randn(width, width, device="cuda") / width**0.5).requires_grad_()
+        opt = torch.optim.SGD([w1, w2], lr=0.1)
+
+        def step(x, t):
+            h = torch.tanh(x @ w1)
+            y = layer(h, w2) if use_jax else torch.nn.functional.gelu(h @ w2, approximate="tanh")
+            loss = ((y - t) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return [w1, w2], opt, step
+
+    results = {}
+    stage = "setup"
+    try:
+        for use_jax in (True, False):
+            params, opt, step = make(use_jax)
+            x = torch.randn(batch, width, device="cuda")
+            t = torch.randn(batch, width, device="cuda")
+            stage = "warm-up"
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    opt.zero_grad(set_to_none=True)
+                    step(x, t)
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            start = [p.detach().clone() for p in params]
+            stage = "capture"
+            graph = torch.cuda.CUDAGraph(keep_graph=True) if args.prune else torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph, capture_error_mode=args.mode):
+                step(x, t)
+            if args.prune:
+                results["pruned_" + ("jax" if use_jax else "torch")] = handoff.prune_graph(graph)
+                graph.instantiate()
+            stage = "replays"
+            for p, s0 in zip(params, start):
+                p.data.copy_(s0)
+            for _ in range(20):
+                graph.replay()
+            torch.cuda.synchronize()
+            replayed = [p.detach().clone() for p in params]
+            for p, s0 in zip(params, start):
+                p.data.copy_(s0)
+            for _ in range(20):
+                opt.zero_grad(set_to_none=True)
+                step(x, t)
+            torch.cuda.synchronize()
+            same = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(replayed, params))
+            per_step = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    graph.replay()
+                torch.cuda.synchronize()
+                per_step.append((time.perf_counter() - t0) / 200 * 1e3)
+            per_step.sort()
+            results["jax_layer" if use_jax else "torch_layer"] = {"ms": round(per_step[3], 5), "same_as_eager": same}
+            del graph
+            torch.cuda.synchronize()
+        ratio = results["jax_layer"]["ms"] / results["torch_layer"]["ms"]
+        results["prune"] = args.prune
+        emit(probe="train", mode=args.mode, captured=True, **results, ratio=round(ratio, 3))
+        return 0 if results["jax_layer"]["same_as_eager"] and results["torch_layer"]["same_as_eager"] else 1
+    except Exception as e:
+        emit(
+            probe="train",
+            mode=args.mode,
+            captured=False,
+            failed_at=stage,
+            error=f"{type(e).__name__}: {e}"[:2000],
+            where=traceback.format_exc()[-2000:],
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
