@@ -38,6 +38,19 @@ def emit(**fields):
     print(json.dumps(fields), flush=True)
 
 
+def failed(args, stage: str, e: Exception) -> int:
+    """Says where the check failed, with the exception in full; the exit code."""
+    emit(
+        probe=args.probe,
+        mode=args.mode,
+        captured=False,
+        failed_at=stage,
+        error=f"{type(e).__name__}: {e}"[:2000],
+        where=traceback.format_exc()[-2000:],
+    )
+    return 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--probe", choices=["crossings", "torch_function", "train"], required=True)
@@ -95,16 +108,8 @@ def main() -> int:
         del graph
         torch.cuda.synchronize()
         return 0 if right == args.replays else 1
-    except Exception as e:  # the probe's finding, not a crash
-        emit(
-            probe=args.probe,
-            mode=args.mode,
-            captured=False,
-            failed_at=stage,
-            error=f"{type(e).__name__}: {e}"[:2000],
-            where=traceback.format_exc()[-2000:],
-        )
-        return 1
+    except Exception as e:  # the check's finding, not a crash
+        return failed(args, stage, e)
 
 
 def train(args) -> int:
@@ -184,15 +189,7 @@ def train(args) -> int:
         emit(probe="train", mode=args.mode, captured=True, **results, ratio=round(ratio, 3))
         return 0 if results["jax_layer"]["same_as_eager"] and results["torch_layer"]["same_as_eager"] else 1
     except Exception as e:
-        emit(
-            probe="train",
-            mode=args.mode,
-            captured=False,
-            failed_at=stage,
-            error=f"{type(e).__name__}: {e}"[:2000],
-            where=traceback.format_exc()[-2000:],
-        )
-        return 1
+        return failed(args, stage, e)
 
 
 if __name__ == "__main__":

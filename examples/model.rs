@@ -428,6 +428,19 @@ impl Pipeline {
     }
 }
 
+/// For a GPU benchmark: `None` when PyTorch sees a GPU and JAX's CUDA plugin is found;
+/// otherwise the exit code, after saying why (`SKIPPED: reason`, success; a failure when
+/// `HANDOFF_REQUIRE_GPU=1`, as the GPU bundle sets).
+pub fn gpu_or_skip(bench: &str) -> Option<std::process::ExitCode> {
+    let why = cuda_unavailable().or_else(|| plugin(Backend::Cuda).err().map(|e| e.to_string()))?;
+    if std::env::var_os("HANDOFF_REQUIRE_GPU").is_some_and(|v| v == "1") {
+        eprintln!("{bench}: a GPU is required (HANDOFF_REQUIRE_GPU=1) but: {why}");
+        return Some(std::process::ExitCode::FAILURE);
+    }
+    println!("SKIPPED: {why}");
+    Some(std::process::ExitCode::SUCCESS)
+}
+
 /// `max |a - b|` and `max |b|`, in f64 (waits for both: a host sync of the checker).
 pub fn max_diff(a: &Tensor, b: &Tensor) -> Result<(f64, f64)> {
     let (af, bf) = (a.f_to_kind(Kind::Float)?, b.f_to_kind(Kind::Float)?);

@@ -78,15 +78,8 @@ fn main() -> ExitCode {
         }
     };
     handoff_torch::init();
-    let missing =
-        model::cuda_unavailable().or_else(|| model::plugin(Backend::Cuda).err().map(|e| e.to_string()));
-    if let Some(why) = missing {
-        if std::env::var_os("HANDOFF_REQUIRE_GPU").is_some_and(|v| v == "1") {
-            eprintln!("pipeline_graph: a GPU is required (HANDOFF_REQUIRE_GPU=1) but: {why}");
-            return ExitCode::FAILURE;
-        }
-        println!("SKIPPED: {why}");
-        return ExitCode::SUCCESS;
+    if let Some(skipped) = model::gpu_or_skip("pipeline_graph") {
+        return skipped;
     }
     let mut ok = true;
     for &n in &args.sizes {

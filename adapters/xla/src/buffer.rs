@@ -380,19 +380,18 @@ impl Drop for Owned {
 }
 
 impl OutputBuffer {
-    /// Takes ownership of an execution's output.
+    /// An execution's output, owned.
     ///
     /// # Safety
-    /// `raw` must be an owned, live buffer of `client` of that dtype and shape on the
-    /// client's device at `device`.
-    pub(crate) unsafe fn from_parts(
-        client: &Arc<ClientInner>,
-        raw: *mut sys::PJRT_Buffer,
+    /// `owned` must be a live buffer of that dtype and shape on its client's device at
+    /// `device`.
+    pub(crate) unsafe fn from_owned(
+        owned: Owned,
         dtype: DataType,
         shape: &[i64],
         device: usize,
     ) -> OutputBuffer {
-        OutputBuffer { owned: Owned { client: client.clone(), raw }, dtype, shape: shape.into(), device }
+        OutputBuffer { owned, dtype, shape: shape.into(), device }
     }
 
     /// A shared buffer of it.

@@ -1,6 +1,6 @@
 //! Programs (StableHLO text or bytecode), compilation and execution.
 
-use crate::buffer::{Buffer, OutputBuffer, query_parts};
+use crate::buffer::{Buffer, OutputBuffer, Owned, query_parts};
 use crate::client::{Client, ClientInner, XlaDevice};
 use crate::dtype;
 use crate::error::{Result, XlaError};
@@ -373,43 +373,30 @@ impl Executable {
         let outs = unsafe {
             result::executable::execute(api, self.raw, raw_inputs, self.outputs.len(), device, non_donatable)?
         };
-        let mut buffers = Few::with_capacity(outs.as_slice().len());
-        let mut failed = None;
-        for (&raw, spec) in outs.as_slice().iter().zip(&self.outputs) {
-            if raw.is_null() {
-                continue;
-            }
-            if failed.is_some() {
-                // SAFETY: owned output, destroyed once.
-                let _ = unsafe { result::buffer::destroy(api, raw) };
-                continue;
-            }
-            let made = match (spec.dtype, self.output_device(raw)) {
+        // Each output owned at once (PJRT handed them over): an error below destroys
+        // those not yet made into an `OutputBuffer` as they drop.
+        let owned: Few<Option<Owned>> = outs
+            .as_slice()
+            .iter()
+            .map(|&raw| (!raw.is_null()).then(|| Owned { client: self.client.clone(), raw }))
+            .collect();
+        let mut buffers = Few::with_capacity(owned.len());
+        for (output, spec) in owned.into_iter().zip(&self.outputs) {
+            let Some(output) = output else { continue };
+            let (dtype, queried, index) = match (spec.dtype, self.output_device(output.raw)) {
                 // The output signature is known since compilation, and the device
                 // since then or the first call: no PJRT query per output.
-                (Some(dtype), Some(index)) => Ok((dtype, None, index)),
+                (Some(dtype), Some(index)) => (dtype, None, index),
                 // SAFETY: a live output buffer of this client.
-                _ => unsafe { query_parts(&self.client, raw) }.map(|(d, shape, i)| (d, Some(shape), i)),
-            }
-            .map(|(dtype, queried, index)| {
-                let shape = queried.as_deref().unwrap_or(&spec.shape);
-                // SAFETY: an owned output buffer of this client, of the compiled (or
-                // asked) output type and shape, on the device it was run on.
-                unsafe { OutputBuffer::from_parts(&self.client, raw, dtype, shape, index) }
-            });
-            match made {
-                Ok(b) => buffers.push(b),
-                Err(e) => {
-                    // SAFETY: owned output, destroyed once on this error path.
-                    let _ = unsafe { result::buffer::destroy(api, raw) };
-                    failed = Some(e);
-                }
-            }
+                _ => unsafe { query_parts(&self.client, output.raw) }
+                    .map(|(d, shape, i)| (d, Some(shape), i))?,
+            };
+            let shape = queried.as_deref().unwrap_or(&spec.shape);
+            // SAFETY: an output buffer of this client, of the compiled (or asked) output
+            // type and shape, on the device it was run on.
+            buffers.push(unsafe { OutputBuffer::from_owned(output, dtype, shape, index) });
         }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(buffers),
-        }
+        Ok(buffers)
     }
 
     /// The index of the device outputs are on: the one it was compiled for, or else
