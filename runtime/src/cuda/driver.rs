@@ -45,6 +45,7 @@ pub(crate) const SYMBOLS: &[&str] = &[
     "cuGraphAddDependencies_v2",
     "cuGraphDestroyNode",
     "cuGraphDebugDotPrint",
+    "cuThreadExchangeStreamCaptureMode",
     "cuGetErrorName",
     "cuGetErrorString",
 ];
@@ -63,6 +64,11 @@ pub(crate) fn driver() -> Result<&'static Driver> {
         Ok(d) => Ok(d),
         Err(reason) => Err(Error::CudaUnavailable { reason: reason.clone() }),
     }
+}
+
+/// Whether the driver was loaded and initialized already (never loads it).
+pub(crate) fn loaded() -> bool {
+    matches!(DRIVER.get(), Some(Ok(_)))
 }
 
 /// Opens `name` and checks that it exports every symbol in [`SYMBOLS`].

@@ -138,6 +138,7 @@ fn releaser() -> &'static Sender<Kept> {
         std::thread::Builder::new()
             .name("handoff-graph-release".into())
             .spawn(move || {
+                relax_capture_mode();
                 for release in receive {
                     if catch_unwind(AssertUnwindSafe(release)).is_err() {
                         eprintln!("handoff: a release kept with a graph panicked");
@@ -470,4 +471,22 @@ pub fn code_library(address: usize) -> Option<std::path::PathBuf> {
     Some(std::path::PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
         name.to_bytes(),
     )))
+}
+
+/// Makes the calling thread's CUDA calls never interfere with another thread's graph
+/// capture (`cuThreadExchangeStreamCaptureMode`, relaxed): for handoff's own threads,
+/// whose event queries CUDA would otherwise refuse, invalidating the capture, while any
+/// thread captures in global mode (`torch.cuda.graph`'s default). Their queries are of
+/// events recorded outside any capture (a release on a capturing stream is kept with
+/// its graph, never queued behind an event), which a capture does not depend on. Only
+/// once the process has loaded the driver (it never loads it itself); whether it did.
+pub(crate) fn relax_capture_mode() -> bool {
+    if !super::driver::loaded() {
+        return false;
+    }
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    count_calls(1);
+    // SAFETY: `mode` is a valid in/out pointer; the call sets this thread's mode only.
+    let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    true
 }

@@ -359,6 +359,10 @@ fn min_poll() -> Duration {
 
 fn run() {
     let r = reaper();
+    // Its queries must not invalidate a graph another thread captures in global mode:
+    // relaxed once the process uses CUDA (checked each sweep until then).
+    #[cfg(feature = "cuda")]
+    let mut relaxed = false;
     let mut spares = Spares::default();
     let mut backoff = min_poll();
     let mut last_work = Instant::now();
@@ -379,6 +383,10 @@ fn run() {
                 last_work = Instant::now();
                 continue;
             }
+        }
+        #[cfg(feature = "cuda")]
+        if !relaxed {
+            relaxed = crate::cuda::relax_capture_mode();
         }
         // Deferred releases go to their homes; what waited there too long is dropped here.
         if sweep(r, Deliver::Home, &mut spares) + home::take_all(home::STALE) == 0 {
