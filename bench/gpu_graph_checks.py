@@ -8,6 +8,7 @@ One check per run, so that a crash ends only its own run; exit 1 when it fails::
     python bench/gpu_graph_checks.py --probe train --prune
 
 ``crossings``: ``y = to_torch(f(to_jax(x * 2))) + x`` with ``f`` a jitted JAX function;
+``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both ways;
 ``torch_function``: the same through ``handoff.torch_function(f)``. Each: an eager
 warm-up on a side stream (as ``torch.cuda.graph`` asks), the capture, then 100 replays
 with new inputs, each compared with the eager step. ``train``: a training step (forward
@@ -53,7 +54,7 @@ def failed(args, stage: str, e: Exception) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--probe", choices=["crossings", "torch_function", "train"], required=True)
+    ap.add_argument("--probe", choices=["crossings", "ordered", "torch_function", "train"], required=True)
     ap.add_argument("--mode", choices=["global", "thread_local", "relaxed"], default="thread_local")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--prune", action="store_true", help="keep_graph=True, handoff.prune_graph, instantiate")
@@ -75,6 +76,8 @@ def main() -> int:
         h = x * 2.0
         if args.probe == "crossings":
             y = handoff.to_torch(f(handoff.to_jax(h)))
+        elif args.probe == "ordered":
+            y = torch.from_dlpack(handoff.ordered(f(jax.dlpack.from_dlpack(handoff.ordered(h)))))
         else:
             y = layer(h)
         return y + x

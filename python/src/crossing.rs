@@ -362,7 +362,7 @@ fn wide_dtype(handoff: &Handoff) -> bool {
 /// joins it, and the host callbacks JAX's CUDA plugin enqueued are taken out of the
 /// graph, to run once when it is gone (`handoff_runtime::cuda::settle_capture`); the
 /// array, which every replay writes, is kept with the graph. Nothing otherwise.
-fn settle_for_graph(consumer: &Stream, a: &Bound<'_, PyAny>) -> PyResult<()> {
+pub(crate) fn settle_for_graph(consumer: &Stream, a: &Bound<'_, PyAny>) -> PyResult<()> {
     if consumer.is_host() || !consumer.is_capturing().map_err(errors::to_py)? {
         return Ok(());
     }

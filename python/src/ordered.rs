@@ -170,7 +170,14 @@ impl Ordered {
                             dl_device,
                             copy,
                         )? {
-                            Produced::Taken(adopted, versioned) => (adopted, versioned),
+                            Produced::Taken(adopted, versioned) => {
+                                // A capture on the consumer's stream takes in the
+                                // producer's work (JAX's), as `to_torch` does.
+                                if self.mock.is_none() {
+                                    crate::crossing::settle_for_graph(&consumer.stream, self.obj.bind(py))?;
+                                }
+                                (adopted, versioned)
+                            }
                             unchanged => return Ok(unchanged),
                         }
                     }

@@ -421,6 +421,7 @@ py_step python_cuda_core cuda_core_consumer.py 60
 # JAX work inside torch.cuda.graph: the crossings and torch_function captured and
 # replayed against eager, and a training step captured (its time beside a PyTorch layer's).
 py_step python_graph_crossings gpu_graph_checks.py 90 --probe crossings
+py_step python_graph_ordered gpu_graph_checks.py 90 --probe ordered
 py_step python_graph_torch_function gpu_graph_checks.py 90 --probe torch_function
 py_step python_graph_train gpu_graph_checks.py 120 --probe train --prune
 # The host cost of each crossing both ways (256x256 f32, median of 10,000 calls in
