@@ -8,7 +8,9 @@ One check per run, so that a crash ends only its own run; exit 1 when it fails::
     python bench/gpu_graph_checks.py --probe train --prune
 
 ``crossings``: ``y = to_torch(f(to_jax(x * 2))) + x`` with ``f`` a jitted JAX function;
-``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both ways;
+``graphed_callables``: a module with a JAX layer through
+``torch.cuda.make_graphed_callables``, its outputs and gradients against the eager
+module's over 20 calls. ``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both ways;
 ``torch_function``: the same through ``handoff.torch_function(f)``. Each: an eager
 warm-up on a side stream (as ``torch.cuda.graph`` asks), the capture, then 100 replays
 with new inputs, each compared with the eager step. ``train``: a training step (forward
@@ -54,7 +56,9 @@ def failed(args, stage: str, e: Exception) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--probe", choices=["crossings", "ordered", "torch_function", "train"], required=True)
+    ap.add_argument(
+        "--probe", choices=["crossings", "ordered", "torch_function", "train", "graphed_callables"], required=True
+    )
     ap.add_argument("--mode", choices=["global", "thread_local", "relaxed"], default="thread_local")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--prune", action="store_true", help="keep_graph=True, handoff.prune_graph, instantiate")
@@ -65,6 +69,8 @@ def main() -> int:
 
     if args.probe == "train":
         return train(args)
+    if args.probe == "graphed_callables":
+        return graphed_callables(args)
 
     @jax.jit
     def f(h):
@@ -191,6 +197,53 @@ def train(args) -> int:
         results["prune"] = args.prune
         emit(probe="train", mode=args.mode, captured=True, **results, ratio=round(ratio, 3))
         return 0 if results["jax_layer"]["same_as_eager"] and results["torch_layer"]["same_as_eager"] else 1
+    except Exception as e:
+        return failed(args, stage, e)
+
+
+def graphed_callables(args) -> int:
+    width = 256
+    layer = handoff.torch_function(lambda h, w: jax.nn.gelu(h @ w))
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(width, width)
+            self.w = torch.nn.Parameter(torch.randn(width, width) / width**0.5)
+
+        def forward(self, x):
+            return layer(torch.tanh(self.lin(x)), self.w)
+
+    stage = "setup"
+    try:
+        torch.manual_seed(0)
+        eager = Block().cuda()
+        graphed_module = Block().cuda()
+        graphed_module.load_state_dict(eager.state_dict())
+        sample = torch.randn(64, width, device="cuda", requires_grad=True)
+        stage = "make_graphed_callables"
+        graphed = torch.cuda.make_graphed_callables(graphed_module, (sample,))
+        stage = "calls"
+        right = 0
+        for i in range(20):
+            x = torch.randn(64, width, device="cuda") * (1 + i % 3)
+            xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+            outs = [graphed(xs[0]), eager(xs[1])]
+            for o in outs:
+                o.square().mean().backward()
+            torch.cuda.synchronize()
+            same = torch.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5) and torch.allclose(
+                xs[0].grad, xs[1].grad, rtol=1e-4, atol=1e-5
+            )
+            same = same and all(
+                torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+                for a, b in zip(graphed_module.parameters(), eager.parameters())
+            )
+            right += bool(same)
+            for m in (graphed_module, eager):
+                m.zero_grad(set_to_none=False)
+        emit(probe="graphed_callables", captured=True, calls=20, right=right)
+        return 0 if right == 20 else 1
     except Exception as e:
         return failed(args, stage, e)
 

@@ -5,7 +5,7 @@
 //! the producer's memory is freed only once the graph is dropped.
 
 use handoff::mock::{Mock, MockTensor};
-use handoff::{Export, Ready, reaper, stats};
+use handoff::{Export, Ready, graph, reaper, stats};
 use std::time::{Duration, Instant};
 
 fn eventually(check: impl Fn() -> bool) -> bool {
@@ -84,4 +84,20 @@ fn a_stream_that_does_not_capture_is_unaffected_by_another_that_does() {
     assert_eq!(graph.kept(), 0);
     mock.run_until_idle();
     assert!(eventually(|| mock.is_released(buffer)));
+}
+
+#[test]
+fn memory_kept_with_a_graph_is_pending_until_the_graph_is_dropped() {
+    let mock = Mock::new();
+    let s = mock.stream(0, "s");
+    let e = graph::keep(&s, vec![0u8; 16]).unwrap_err().to_string();
+    assert!(e.contains("not capturing"), "{e}");
+    mock.begin_capture(&s);
+    let before = graph::pending();
+    graph::keep(&s, vec![0u8; 16]).unwrap();
+    assert!(graph::pending() > before, "a kept value is not counted as pending");
+    let g = mock.end_capture(&s);
+    assert_eq!(g.kept(), 1);
+    drop(g);
+    assert!(graph::wait_released(Duration::from_secs(5)), "{} still pending", graph::pending());
 }
