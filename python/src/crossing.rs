@@ -357,22 +357,6 @@ fn wide_dtype(handoff: &Handoff) -> bool {
     dtype.bits == 64 && dtype.code != DLDataTypeCode::COMPLEX || dtype.bits == 128
 }
 
-/// Inside a CUDA graph capture on PyTorch's stream (`torch.cuda.graph`), once JAX's
-/// array is ready on `consumer`: JAX's work, forked into the capture by the crossings,
-/// joins it, and the host callbacks JAX's CUDA plugin enqueued are taken out of the
-/// graph, to run once when it is gone (`handoff_runtime::cuda::settle_capture`); the
-/// array, which every replay writes, is kept with the graph. Nothing otherwise.
-pub(crate) fn settle_for_graph(consumer: &Stream, a: &Bound<'_, PyAny>) -> PyResult<()> {
-    if consumer.is_host() || !consumer.is_capturing().map_err(errors::to_py)? {
-        return Ok(());
-    }
-    let jax_code = |code: usize| {
-        handoff_runtime::cuda::code_library(code).is_some_and(|p| p.to_string_lossy().contains("jax"))
-    };
-    handoff_runtime::cuda::settle_capture(consumer, jax_code).map_err(errors::to_py)?;
-    handoff_runtime::graph::keep(consumer, a.clone().unbind()).map_err(errors::to_py)
-}
-
 /// The native route from JAX to PyTorch; `None` where it leaves `a` to the public
 /// route (an array over several devices, pinned host memory, another platform).
 fn jax_to_torch<'py>(
@@ -393,7 +377,7 @@ fn jax_to_torch<'py>(
     let Ok(capsule) = jax.call_from_buffer(a, stream) else {
         return Ok(None); // a deleted array: the public route raises JAX's own error
     };
-    settle_for_graph(&consumer, a)?;
+    crate::capture::settle_for_graph(&consumer, a)?;
     let taken = capsule::take(&capsule)?;
     // SAFETY: `take` gave us the producer's unconsumed managed tensor.
     let adopted = unsafe { capsule::adopt(taken, &consumer, access) }.map_err(errors::to_py)?;

@@ -36,6 +36,7 @@
 
 mod cai;
 mod capsule;
+mod capture;
 mod crossing;
 mod errors;
 mod jax_api;
@@ -92,27 +93,6 @@ fn flush(py: Python<'_>) {
     main_thread::run_queued(py);
 }
 
-/// Removes from a captured PyTorch graph the host nodes whose callbacks handoff took
-/// out during the capture (JAX's, which must run once, not at every replay: they do
-/// nothing now, and each would cost every replay a trip through the driver's callback
-/// thread). For a `torch.cuda.CUDAGraph(keep_graph=True)` whose capture ended, before
-/// its `instantiate()`. Returns how many it removed.
-///
-/// ```python
-/// g = torch.cuda.CUDAGraph(keep_graph=True)
-/// with torch.cuda.graph(g):
-///     y = layer(x)
-/// handoff.prune_graph(g)
-/// g.instantiate()
-/// ```
-#[pyfunction]
-fn prune_graph(graph: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let raw: usize = graph.call_method0(pyo3::intern!(graph.py(), "raw_cuda_graph"))?.extract()?;
-    // SAFETY: PyTorch's cudaGraph_t of a capture that ended (it raises otherwise); an
-    // executable graph made from it already is a copy, which pruning leaves as it is.
-    unsafe { handoff_runtime::cuda::prune_taken_out(raw as *mut std::ffi::c_void) }.map_err(errors::to_py)
-}
-
 /// Whether the CUDA driver can be used (`libcuda.so.1` loads and there is a device).
 #[pyfunction]
 fn cuda_available(py: Python<'_>) -> bool {
@@ -136,7 +116,7 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(flush, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
-    m.add_function(wrap_pyfunction!(prune_graph, m)?)?;
+    m.add_function(wrap_pyfunction!(capture::prune_graph, m)?)?;
     m.add_function(wrap_pyfunction!(keep_alive::shutdown, m)?)?;
     #[cfg(feature = "test-hooks")]
     {

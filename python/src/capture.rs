@@ -1,0 +1,44 @@
+//! JAX work inside a PyTorch CUDA graph capture (`torch.cuda.graph`): the capture
+//! settled when a JAX array crosses to a capturing stream, and the nodes of the host
+//! callbacks taken out removed before the graph is instantiated.
+
+use crate::errors;
+use handoff_runtime::Stream;
+use pyo3::prelude::*;
+
+/// Inside a CUDA graph capture on PyTorch's stream (`torch.cuda.graph`), once JAX's
+/// array is ready on `consumer`: JAX's work, forked into the capture by the crossings,
+/// joins it, and the host callbacks JAX's CUDA plugin enqueued are taken out of the
+/// graph, to run once when it is gone (`handoff_runtime::cuda::settle_capture`); the
+/// array, which every replay writes, is kept with the graph. Nothing otherwise.
+pub(crate) fn settle_for_graph(consumer: &Stream, a: &Bound<'_, PyAny>) -> PyResult<()> {
+    if consumer.is_host() || !consumer.is_capturing().map_err(errors::to_py)? {
+        return Ok(());
+    }
+    let jax_code = |code: usize| {
+        handoff_runtime::cuda::code_library(code).is_some_and(|p| p.to_string_lossy().contains("jax"))
+    };
+    handoff_runtime::cuda::settle_capture(consumer, jax_code).map_err(errors::to_py)?;
+    handoff_runtime::graph::keep(consumer, a.clone().unbind()).map_err(errors::to_py)
+}
+
+/// Removes from a captured PyTorch graph the host nodes whose callbacks handoff took
+/// out during the capture (JAX's, which must run once, not at every replay: they do
+/// nothing now, and each would cost every replay a trip through the driver's callback
+/// thread). For a `torch.cuda.CUDAGraph(keep_graph=True)` whose capture ended, before
+/// its `instantiate()`. Returns how many it removed.
+///
+/// ```python
+/// g = torch.cuda.CUDAGraph(keep_graph=True)
+/// with torch.cuda.graph(g):
+///     y = layer(x)
+/// handoff.prune_graph(g)
+/// g.instantiate()
+/// ```
+#[pyfunction]
+pub(crate) fn prune_graph(graph: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let raw: usize = graph.call_method0(pyo3::intern!(graph.py(), "raw_cuda_graph"))?.extract()?;
+    // SAFETY: PyTorch's cudaGraph_t of a capture that ended (it raises otherwise); an
+    // executable graph made from it already is a copy, which pruning leaves as it is.
+    unsafe { handoff_runtime::cuda::prune_taken_out(raw as *mut std::ffi::c_void) }.map_err(errors::to_py)
+}
