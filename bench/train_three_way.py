@@ -165,6 +165,12 @@ def parse_args():
         default=list(VARIANTS),
         help="tji is short for torch_jax_interop",
     )
+    ap.add_argument(
+        "--graph",
+        action="store_true",
+        help="CUDA: also time the torch and handoff steps captured into one CUDA graph each "
+        "(torch.cuda.graph, thread-local, handoff.prune_graph) and replayed",
+    )
     ap.add_argument("--warmup", type=int, default=None, help="default 10 (2 with --small)")
     ap.add_argument("--steps", type=int, default=None, help="default 20 (3 with --small)")
     ap.add_argument("--reps", type=int, default=None, help="default 7 (3 with --small)")
@@ -298,7 +304,7 @@ def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, d
     init = m.make_params(torch, dims, dev)  # float32 master values
     x, tgt = m.make_data(torch, dims, dev, tdt)
     ref = jax_reference(jax, jnp, m, init, x, tgt)
-    base_ms = None
+    base_ms = base_graph_ms = None
     rows = []
     for v in args.variants:
         row = {"model": m.name, "variant": v, "dtype": dt, "size": size, "bound": bound}
@@ -329,6 +335,12 @@ def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, d
             continue
         ms = row["ms_per_step"]
         base_ms = ms if v == "torch" else base_ms
+        if "ms_per_step_graph" in row:
+            base_graph_ms = row["ms_per_step_graph"] if v == "torch" else base_graph_ms
+            if v == "handoff" and base_graph_ms:
+                row["graph_ratio_to_torch_graph"] = round(row["ms_per_step_graph"] / base_graph_ms, 3)
+                row["graph_target"] = GRAPH_TARGET
+                row["graph_met"] = row["graph_ratio_to_torch_graph"] <= GRAPH_TARGET
         row["ratio_to_torch"] = round(ms / base_ms, 3) if base_ms else None
         if v == "handoff":
             row["routes"] = routes
@@ -393,11 +405,41 @@ def timing(torch, handoff, m, layer, init, x, tgt, tdt, args, row, sync, cuda, s
     if row["variant"] == "handoff":
         for k in ("host_syncs", "waits_enqueued", "releases_deferred"):
             row[k] = after[k] - before[k]
+    if cuda and args.graph and row["variant"] in GRAPHED:
+        row["ms_per_step_graph"] = round(graph_ms(torch, handoff, step, args, sync), 4)
     if cuda:
         row["sync_warnings"] = count_sync_warnings(torch, step, 5)
         enq, busy = enqueue_behind(torch, step, sleep_cycles)
         row["enqueue_ms_behind_50ms"] = round(enq, 3)
         row["blocked"] = enq > 0.8 * QUEUED_MS or not busy
+
+
+# The variants whose step `--graph` captures: PyTorch's own and handoff's.
+GRAPHED = ("torch", "handoff")
+# A captured handoff step against the captured PyTorch step.
+GRAPH_TARGET = 1.1
+
+
+def graph_ms(torch, handoff, step, args, sync):
+    """Median ms per replay of `step` captured into one CUDA graph: warmed up on a side
+    stream, captured in thread-local mode into `CUDAGraph(keep_graph=True)`, the host
+    nodes handoff took out removed (`handoff.prune_graph`), instantiated."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    sync()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        step()
+    handoff.prune_graph(graph)
+    graph.instantiate()
+    ms = harness.median_ms(graph.replay, args.steps, reps=args.reps, warmup=3, sync=sync)
+    del graph
+    sync()
+    return ms
 
 
 def time_floor(torch, jax, jnp, m, init, x, tdt, args):

@@ -434,6 +434,8 @@ py_step python_profile_step profile_step.py 120 --steps 1500
 # Training through a JAX layer: pure PyTorch, jax2torch, torch-jax-interop,
 # handoff.torch_function and the JAX layer alone, an MLP and an attention block.
 py_step train_three_way train_three_way.py 540
+# The host-bound steps of PyTorch and handoff, each also captured into one CUDA graph.
+py_step train_graph train_three_way.py 300 --bound host --variants torch handoff --graph --trials 0
 
 PREV="$(ls "$HERE"/prev/handoff-*.whl 2>/dev/null | head -n 1)"
 if [ -n "$PREV" ] && { [ -z "${ONLY:-}" ] || [[ "wheel_ab" == *"$ONLY"* ]]; }; then
