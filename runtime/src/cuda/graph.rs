@@ -250,29 +250,18 @@ pub fn settle_capture(stream: &crate::Stream, is_foreign: impl Fn(usize) -> bool
     let mut settled = Settled::default();
     let mut leaves = Vec::new();
     for node in nodes(graph).map_err(|e| failed("cuGraphGetNodes", e))? {
-        let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-        count_calls(1);
-        // SAFETY: a node of the live graph; a valid out-pointer.
-        check(unsafe { sys::cuGraphNodeGetType(node, &mut kind) })
-            .map_err(|e| failed("cuGraphNodeGetType", e))?;
-        if kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST {
-            take_out_callback(graph, node, &is_foreign)
+        if node_kind(node).map_err(|e| failed("cuGraphNodeGetType", e))?
+            == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST
+        {
+            let params = host_params(node).map_err(|e| failed("cuGraphHostNodeGetParams", e))?;
+            if take_out_callback(graph, node, params, &is_foreign)
                 .map_err(|e| failed("cuGraphHostNodeSetParams", e))?
-                .then(|| settled.callbacks += 1);
+            {
+                settled.callbacks += 1;
+            }
         }
-        let mut dependents = 0usize;
-        count_calls(1);
-        // SAFETY: a node of the live graph; counting only (a null array).
-        check(unsafe {
-            sys::cuGraphNodeGetDependentNodes_v2(
-                node,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                &mut dependents,
-            )
-        })
-        .map_err(|e| failed("cuGraphNodeGetDependentNodes", e))?;
-        if dependents == 0 && !depends.contains(&node) {
+        let dependents = edges(node, false).map_err(|e| failed("cuGraphNodeGetDependentNodes", e))?;
+        if dependents.is_empty() && !depends.contains(&node) {
             leaves.push(node);
         }
     }
@@ -307,19 +296,15 @@ fn nodes(graph: sys::CUgraph) -> std::result::Result<Vec<sys::CUgraphNode>, cuda
     Ok(nodes)
 }
 
-/// Takes the callback of host node `node` out of `graph` when `is_foreign` claims it
+/// Takes the callback of host node `node` (`params`) out of `graph` when `is_foreign` claims it
 /// (and it was not taken already): the node does nothing from now on; the callback is
 /// kept with the graph. Whether it took it.
 fn take_out_callback(
     graph: sys::CUgraph,
     node: sys::CUgraphNode,
+    params: sys::CUDA_HOST_NODE_PARAMS,
     is_foreign: &impl Fn(usize) -> bool,
 ) -> std::result::Result<bool, cudarc::driver::DriverError> {
-    // SAFETY: a plain C struct, for which all zeroes is valid.
-    let mut params: sys::CUDA_HOST_NODE_PARAMS = unsafe { std::mem::zeroed() };
-    count_calls(1);
-    // SAFETY: a host node of the live graph; a valid out-pointer.
-    check(unsafe { sys::cuGraphHostNodeGetParams(node, &mut params) })?;
     let Some(function) = params.fn_ else { return Ok(false) };
     if params.userData == taken_out_mark() || !is_foreign(function as usize) {
         return Ok(false);
@@ -352,20 +337,12 @@ pub unsafe fn prune_taken_out(graph: *mut c_void) -> Result<usize> {
     let failed = |call: &'static str, e| backend_error(call, e, format_args!("graph {graph:p}"));
     let mut removed = 0;
     for node in nodes(graph).map_err(|e| failed("cuGraphGetNodes", e))? {
-        let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-        count_calls(1);
-        // SAFETY: a node of the live graph; a valid out-pointer.
-        check(unsafe { sys::cuGraphNodeGetType(node, &mut kind) })
-            .map_err(|e| failed("cuGraphNodeGetType", e))?;
-        if kind != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST {
+        if node_kind(node).map_err(|e| failed("cuGraphNodeGetType", e))?
+            != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST
+        {
             continue;
         }
-        // SAFETY: a plain C struct, for which all zeroes is valid.
-        let mut params: sys::CUDA_HOST_NODE_PARAMS = unsafe { std::mem::zeroed() };
-        count_calls(1);
-        // SAFETY: a host node of the live graph; a valid out-pointer.
-        check(unsafe { sys::cuGraphHostNodeGetParams(node, &mut params) })
-            .map_err(|e| failed("cuGraphHostNodeGetParams", e))?;
+        let params = host_params(node).map_err(|e| failed("cuGraphHostNodeGetParams", e))?;
         if params.userData != taken_out_mark() {
             continue;
         }
@@ -387,6 +364,29 @@ pub unsafe fn prune_taken_out(graph: *mut c_void) -> Result<usize> {
         removed += 1;
     }
     Ok(removed)
+}
+
+/// The kind of `node`, a node of a live graph.
+fn node_kind(
+    node: sys::CUgraphNode,
+) -> std::result::Result<sys::CUgraphNodeType, cudarc::driver::DriverError> {
+    let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+    count_calls(1);
+    // SAFETY: a node of a live graph; a valid out-pointer.
+    check(unsafe { sys::cuGraphNodeGetType(node, &mut kind) })?;
+    Ok(kind)
+}
+
+/// The function and data of `node`, a host node of a live graph.
+fn host_params(
+    node: sys::CUgraphNode,
+) -> std::result::Result<sys::CUDA_HOST_NODE_PARAMS, cudarc::driver::DriverError> {
+    // SAFETY: a plain C struct, for which all zeroes is valid.
+    let mut params: sys::CUDA_HOST_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    count_calls(1);
+    // SAFETY: a host node of a live graph; a valid out-pointer.
+    check(unsafe { sys::cuGraphHostNodeGetParams(node, &mut params) })?;
+    Ok(params)
 }
 
 /// The nodes `node` depends on (`before`) or that depend on it. The edges' data is
@@ -441,11 +441,7 @@ pub unsafe fn describe_graph(graph: *mut c_void, dot: Option<&std::path::Path>) 
     let nodes = nodes(graph).map_err(|e| failed("cuGraphGetNodes", e))?;
     let mut kinds: Vec<(String, usize)> = Vec::new();
     for &node in &nodes {
-        let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-        count_calls(1);
-        // SAFETY: a node of the live graph; a valid out-pointer.
-        check(unsafe { sys::cuGraphNodeGetType(node, &mut kind) })
-            .map_err(|e| failed("cuGraphNodeGetType", e))?;
+        let kind = node_kind(node).map_err(|e| failed("cuGraphNodeGetType", e))?;
         let name = format!("{kind:?}").trim_start_matches("CU_GRAPH_NODE_TYPE_").to_lowercase();
         match kinds.iter_mut().find(|(n, _)| *n == name) {
             Some((_, c)) => *c += 1,
