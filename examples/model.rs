@@ -419,6 +419,25 @@ impl Pipeline {
         Ok(x.f_add(&ln_gelu_torch(&x.f_matmul(&self.w)?)?)?)
     }
 
+    /// Median ms per call of `step` over `reps` runs of `iters` calls, after 3 warm-up
+    /// calls; each run ends with a device sync (the benchmark's, not a hand-off's).
+    pub fn median_ms(&self, iters: usize, reps: usize, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
+        for _ in 0..3 {
+            step()?;
+        }
+        self.synchronize();
+        let mut per_iter = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            let t = Instant::now();
+            for _ in 0..iters {
+                step()?;
+            }
+            self.synchronize();
+            per_iter.push(t.elapsed() / iters as u32);
+        }
+        Ok(median_us(&mut per_iter) / 1e3)
+    }
+
     /// Waits for all work on the device (the benchmark's and the checks' own sync;
     /// not on any hand-off path, not counted by handoff). Nothing on CPU.
     pub fn synchronize(&self) {

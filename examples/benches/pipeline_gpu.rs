@@ -258,8 +258,8 @@ fn base(variant: &str, p: &Pipeline) -> Json {
     j
 }
 
-/// Median ms per step over `reps` runs of `iters` steps, after 3 warm-up steps; each
-/// run ends with a device sync (the benchmark's, not a hand-off's).
+/// Median ms per step over `reps` runs of `iters` steps from `x0`, after 3 warm-up
+/// steps; each run ends with a device sync (the benchmark's, not a hand-off's).
 fn timed(
     p: &Pipeline,
     x0: &Tensor,
@@ -268,20 +268,10 @@ fn timed(
     mut step: impl FnMut(&Tensor) -> Result<Tensor, PipelineError>,
 ) -> Result<f64, PipelineError> {
     let mut x = x0.shallow_clone();
-    for _ in 0..3 {
+    p.median_ms(iters, reps, || {
         x = step(&x)?;
-    }
-    p.synchronize();
-    let mut per_iter = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        for _ in 0..iters {
-            x = step(&x)?;
-        }
-        p.synchronize();
-        per_iter.push(t.elapsed() / iters as u32);
-    }
-    Ok(model::median_us(&mut per_iter) / 1e3)
+        Ok(())
+    })
 }
 
 /// The pipeline with PyTorch working on XLA's ready stream, and what it counted.

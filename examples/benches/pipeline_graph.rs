@@ -94,30 +94,6 @@ fn main() -> ExitCode {
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
-/// Median ms per step over `reps` runs of `iters` calls of `step`, each run ending with
-/// a device sync (the benchmark's).
-fn timed(
-    p: &Pipeline,
-    iters: usize,
-    reps: usize,
-    mut step: impl FnMut() -> Result<(), PipelineError>,
-) -> Result<f64, PipelineError> {
-    for _ in 0..3 {
-        step()?;
-    }
-    p.synchronize();
-    let mut per_iter = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        for _ in 0..iters {
-            step()?;
-        }
-        p.synchronize();
-        per_iter.push(t.elapsed() / iters as u32);
-    }
-    Ok(model::median_us(&mut per_iter) / 1e3)
-}
-
 /// Whether one replay of `graph` matches `eager` run on the graph's input as it was.
 fn replay_matches(
     p: &Pipeline,
@@ -172,17 +148,17 @@ fn bench_size(n: i64, args: &Args) -> Result<bool, PipelineError> {
     let before = stats::stats();
     for _ in 0..args.rounds {
         let mut x = x0.shallow_clone();
-        ms[0].push(timed(&p, iters, args.reps, || {
+        ms[0].push(p.median_ms(iters, args.reps, || {
             x = p.torch_step(&x)?;
             Ok(())
         })?);
         let mut x = x0.shallow_clone();
-        ms[1].push(timed(&p, iters, args.reps, || {
+        ms[1].push(p.median_ms(iters, args.reps, || {
             x = p.step(&x, None)?;
             Ok(())
         })?);
-        ms[2].push(timed(&p, iters, args.reps, || Ok(torch_graph.replay()?))?);
-        ms[3].push(timed(&p, iters, args.reps, || Ok(mixed.replay()?))?);
+        ms[2].push(p.median_ms(iters, args.reps, || Ok(torch_graph.replay()?))?);
+        ms[3].push(p.median_ms(iters, args.reps, || Ok(mixed.replay()?))?);
     }
     let during = stats::stats().since(&before);
     check("after the timings")?;
