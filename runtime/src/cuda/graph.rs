@@ -391,6 +391,8 @@ fn host_params(
 
 /// The nodes `node` depends on (`before`) or that depend on it. The edges' data is
 /// read too (CUDA refuses a list without it when an edge has any) and not returned.
+/// One driver call when there are none: CUDA refuses the list call with arrays given
+/// and a count of zero (`CUDA_ERROR_INVALID_VALUE`, a leaf's dependents on an H100).
 fn edges(
     node: sys::CUgraphNode,
     before: bool,
@@ -409,6 +411,9 @@ fn edges(
     };
     let mut n = 0usize;
     list(std::ptr::null_mut(), std::ptr::null_mut(), &mut n)?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
     let mut nodes = vec![std::ptr::null_mut(); n];
     // SAFETY: a plain C struct, for which all zeroes is valid.
     let mut data = vec![unsafe { std::mem::zeroed::<sys::CUgraphEdgeData>() }; n];
