@@ -425,6 +425,9 @@ py_step python_graph_ordered gpu_graph_checks.py 90 --probe ordered
 py_step python_graph_torch_function gpu_graph_checks.py 90 --probe torch_function
 py_step python_graph_callables gpu_graph_checks.py 90 --probe graphed_callables
 py_step python_graph_train gpu_graph_checks.py 120 --probe train --prune
+# The same in global mode, torch.cuda.graph's default.
+py_step python_graph_ordered_global gpu_graph_checks.py 90 --probe ordered --mode global
+py_step python_graph_train_global gpu_graph_checks.py 120 --probe train --mode global --prune
 # The host cost of each crossing both ways (256x256 f32, median of 10,000 calls in
 # turns, two rounds; each route forced with _set_route: the hooks wheel); where the JAX
 # layer's dispatch time goes; a host-bound step under cProfile.
