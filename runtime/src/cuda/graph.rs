@@ -286,10 +286,14 @@ pub fn settle_capture(stream: &crate::Stream, is_foreign: impl Fn(usize) -> bool
 /// The nodes of `graph`.
 fn nodes(graph: sys::CUgraph) -> std::result::Result<Vec<sys::CUgraphNode>, cudarc::driver::DriverError> {
     let mut n = 0usize;
-    count_calls(2);
+    count_calls(1);
     // SAFETY: a live graph; counting only (a null array).
     check(unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) })?;
+    if n == 0 {
+        return Ok(Vec::new()); // as in `edges`: no list call for a count of zero
+    }
     let mut nodes = vec![std::ptr::null_mut(); n];
+    count_calls(1);
     // SAFETY: room for `n` nodes.
     check(unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) })?;
     nodes.truncate(n);
