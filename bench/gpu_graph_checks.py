@@ -16,7 +16,9 @@ warm-up on a side stream (as ``torch.cuda.graph`` asks), the capture, then 100 r
 with new inputs, each compared with the eager step. ``train``: a training step (forward
 through a JAX layer, backward, SGD) captured once and replayed 20 times, its parameters
 compared with 20 eager steps from the same start, and the ms a replay takes beside the
-same step with a PyTorch layer, captured the same way (64x256, f32). Prints one JSON line: where it
+same step with a PyTorch layer, captured the same way (64x256, f32). ``failed_capture``:
+a capture that fails after a crossing (``--pure``: without handoff, the control); the
+process must go on right and exit cleanly. Prints one JSON line: where it
 failed (the exception, in full) or the replays that were right. PJRT's own command
 buffers are turned off in this process (``XLA_FLAGS``), since they would nest a capture
 in PyTorch's.
@@ -57,11 +59,14 @@ def failed(args, stage: str, e: Exception) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument(
-        "--probe", choices=["crossings", "ordered", "torch_function", "train", "graphed_callables"], required=True
+        "--probe",
+        choices=["crossings", "ordered", "torch_function", "train", "graphed_callables", "failed_capture"],
+        required=True,
     )
     ap.add_argument("--mode", choices=["global", "thread_local", "relaxed"], default="thread_local")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--prune", action="store_true", help="keep_graph=True, handoff.prune_graph, instantiate")
+    ap.add_argument("--pure", action="store_true", help="failed_capture: the step without handoff (the control)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         emit(probe=args.probe, skipped="no CUDA device")
@@ -71,6 +76,8 @@ def main() -> int:
         return train(args)
     if args.probe == "graphed_callables":
         return graphed_callables(args)
+    if args.probe == "failed_capture":
+        return failed_capture(args)
 
     @jax.jit
     def f(h):
@@ -244,6 +251,59 @@ def graphed_callables(args) -> int:
                 m.zero_grad(set_to_none=False)
         emit(probe="graphed_callables", captured=True, calls=20, right=right)
         return 0 if right == 20 else 1
+    except Exception as e:
+        return failed(args, stage, e)
+
+
+def failed_capture(args) -> int:
+    """A capture that fails (a device sync inside it) after a crossing was captured:
+    the error reaches the caller, the process goes on computing the eager step right and
+    exits cleanly (the runner sees its exit status). With ``--pure`` the same step without
+    handoff, the control: a crash in both is PyTorch's or CUDA's, in this one only is
+    handoff's."""
+
+    @jax.jit
+    def f(h):
+        return jax.nn.gelu(h) * 1.1 + 0.5
+
+    def step(x):
+        h = x * 2.0
+        if args.pure:
+            return torch.nn.functional.gelu(h, approximate="tanh") * 1.1 + 0.5 + x
+        return handoff.to_torch(f(handoff.to_jax(h))) + x
+
+    x = torch.randn(4096, device="cuda")
+    stage = "eager"
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            expected = step(x)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        expected = expected.clone()
+        stage = "capture"
+        error = None
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph(), capture_error_mode=args.mode):
+                step(x)
+                torch.cuda.synchronize()  # refused while capturing
+        except Exception as e:  # the failure this check wants
+            error = f"{type(e).__name__}: {e}"[:300]
+        stage = "after"
+        right = 0
+        for _ in range(10):
+            right += bool(torch.allclose(step(x), expected, rtol=1e-5, atol=1e-5))
+        torch.cuda.synchronize()
+        emit(
+            probe="failed_capture",
+            mode=args.mode,
+            pure=args.pure,
+            capture_failed=error is not None,
+            error=error,
+            right_after=right,
+        )
+        return 0 if error is not None and right == 10 else 1
     except Exception as e:
         return failed(args, stage, e)
 

@@ -428,6 +428,10 @@ py_step python_graph_train gpu_graph_checks.py 120 --probe train --prune
 # The same in global mode, torch.cuda.graph's default.
 py_step python_graph_ordered_global gpu_graph_checks.py 90 --probe ordered --mode global
 py_step python_graph_train_global gpu_graph_checks.py 120 --probe train --mode global --prune
+# A capture that fails after a crossing, in global mode: the process goes on and exits
+# cleanly; the same step without handoff beside it (a crash in both is not handoff's).
+py_step python_graph_failed_global gpu_graph_checks.py 90 --probe failed_capture --mode global
+py_step python_graph_failed_global_pure gpu_graph_checks.py 90 --probe failed_capture --mode global --pure
 # The host cost of each crossing both ways (256x256 f32, median of 10,000 calls in
 # turns, two rounds; each route forced with _set_route: the hooks wheel); where the JAX
 # layer's dispatch time goes; a host-bound step under cProfile.
