@@ -260,8 +260,8 @@ pub fn settle_capture(stream: &crate::Stream, is_foreign: impl Fn(usize) -> bool
                 settled.callbacks += 1;
             }
         }
-        let dependents = edges(node, false).map_err(|e| failed("cuGraphNodeGetDependentNodes", e))?;
-        if dependents.is_empty() && !depends.contains(&node) {
+        let dependents = edge_count(node, false).map_err(|e| failed("cuGraphNodeGetDependentNodes", e))?;
+        if dependents == 0 && !depends.contains(&node) {
             leaves.push(node);
         }
     }
@@ -393,37 +393,60 @@ fn host_params(
     Ok(params)
 }
 
+/// How many nodes `node` depends on (`before`) or depend on it: one driver call.
+fn edge_count(
+    node: sys::CUgraphNode,
+    before: bool,
+) -> std::result::Result<usize, cudarc::driver::DriverError> {
+    let mut n = 0usize;
+    // SAFETY: `node` is of a live graph, as for every node given here; null arrays
+    // ask for the count only.
+    unsafe { edge_list(node, before, std::ptr::null_mut(), std::ptr::null_mut(), &mut n) }?;
+    Ok(n)
+}
+
 /// The nodes `node` depends on (`before`) or that depend on it. The edges' data is
 /// read too (CUDA refuses a list without it when an edge has any) and not returned.
-/// One driver call when there are none: CUDA refuses the list call with arrays given
-/// and a count of zero (`CUDA_ERROR_INVALID_VALUE`, a leaf's dependents on an H100).
+/// Only the counting call when there are none: CUDA refuses the list call with arrays
+/// given and a count of zero (`CUDA_ERROR_INVALID_VALUE`, seen on an H100).
 fn edges(
     node: sys::CUgraphNode,
     before: bool,
 ) -> std::result::Result<Vec<sys::CUgraphNode>, cudarc::driver::DriverError> {
-    let list = |out: *mut sys::CUgraphNode, data: *mut sys::CUgraphEdgeData, n: &mut usize| {
-        count_calls(1);
-        // SAFETY: a node of a live graph; `out` and `data` are null (counting) or have
-        // room for `n`.
-        check(unsafe {
-            if before {
-                sys::cuGraphNodeGetDependencies_v2(node, out, data, n)
-            } else {
-                sys::cuGraphNodeGetDependentNodes_v2(node, out, data, n)
-            }
-        })
-    };
-    let mut n = 0usize;
-    list(std::ptr::null_mut(), std::ptr::null_mut(), &mut n)?;
+    let mut n = edge_count(node, before)?;
     if n == 0 {
         return Ok(Vec::new());
     }
     let mut nodes = vec![std::ptr::null_mut(); n];
     // SAFETY: a plain C struct, for which all zeroes is valid.
     let mut data = vec![unsafe { std::mem::zeroed::<sys::CUgraphEdgeData>() }; n];
-    list(nodes.as_mut_ptr(), data.as_mut_ptr(), &mut n)?;
+    // SAFETY: `node` is of a live graph; both arrays have room for `n`.
+    unsafe { edge_list(node, before, nodes.as_mut_ptr(), data.as_mut_ptr(), &mut n) }?;
     nodes.truncate(n);
     Ok(nodes)
+}
+
+/// `cuGraphNodeGetDependencies` (`before`) or `cuGraphNodeGetDependentNodes` on `node`.
+///
+/// # Safety
+/// `node` is a node of a live graph; `out` and `data` are both null (counting) or
+/// have room for `*n`.
+unsafe fn edge_list(
+    node: sys::CUgraphNode,
+    before: bool,
+    out: *mut sys::CUgraphNode,
+    data: *mut sys::CUgraphEdgeData,
+    n: &mut usize,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    count_calls(1);
+    // SAFETY: as the caller promised.
+    check(unsafe {
+        if before {
+            sys::cuGraphNodeGetDependencies_v2(node, out, data, n)
+        } else {
+            sys::cuGraphNodeGetDependentNodes_v2(node, out, data, n)
+        }
+    })
 }
 
 /// What `graph` holds, in words: its node count by kind (`5 nodes: 3 kernel, 2
