@@ -7,7 +7,7 @@ One check per run, so that a crash ends only its own run; exit 1 when it fails::
     python bench/gpu_graph_checks.py --probe torch_function --mode relaxed
     python bench/gpu_graph_checks.py --probe train --prune
 
-``crossings``: ``y = to_torch(f(to_jax(x * 2))) + x`` with ``f`` a jitted JAX function;
+``crossings``: ``y = to_torch(jax_part(to_jax(x * 2))) + x``, ``jax_part`` a jitted JAX function;
 ``graphed_callables``: a module with a JAX layer through
 ``torch.cuda.make_graphed_callables``, its outputs and gradients against the eager
 module's over 20 calls. ``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both ways;
@@ -56,6 +56,24 @@ def failed(args, stage: str, e: Exception) -> int:
     return 1
 
 
+@jax.jit
+def jax_part(h):
+    """The JAX function the crossings checks put between PyTorch ops."""
+    return jax.nn.gelu(h) * 1.1 + 0.5
+
+
+def on_side_stream(fn):
+    """Runs ``fn()`` on a side stream ordered after the current one, as
+    ``torch.cuda.graph`` asks of a warm-up, then waits for the device; its result."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        result = fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument(
@@ -79,18 +97,14 @@ def main() -> int:
     if args.probe == "failed_capture":
         return failed_capture(args)
 
-    @jax.jit
-    def f(h):
-        return jax.nn.gelu(h) * 1.1 + 0.5
-
     layer = handoff.torch_function(lambda h: jax.nn.gelu(h) * 1.1 + 0.5)
 
     def step(x):
         h = x * 2.0
         if args.probe == "crossings":
-            y = handoff.to_torch(f(handoff.to_jax(h)))
+            y = handoff.to_torch(jax_part(handoff.to_jax(h)))
         elif args.probe == "ordered":
-            y = torch.from_dlpack(handoff.ordered(f(jax.dlpack.from_dlpack(handoff.ordered(h)))))
+            y = torch.from_dlpack(handoff.ordered(jax_part(jax.dlpack.from_dlpack(handoff.ordered(h)))))
         else:
             y = layer(h)
         return y + x
@@ -98,13 +112,7 @@ def main() -> int:
     static_x = torch.randn(4096, device="cuda")
     stage = "warm-up"
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step(static_x)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
+        on_side_stream(lambda: [step(static_x) for _ in range(3)])
         stage = "capture"
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode=args.mode):
@@ -158,14 +166,13 @@ def train(args) -> int:
             x = torch.randn(batch, width, device="cuda")
             t = torch.randn(batch, width, device="cuda")
             stage = "warm-up"
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+
+            def warm_up():
                 for _ in range(3):
                     opt.zero_grad(set_to_none=True)
                     step(x, t)
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
+
+            on_side_stream(warm_up)
             start = [p.detach().clone() for p in params]
             stage = "capture"
             graph = torch.cuda.CUDAGraph(keep_graph=True) if args.prune else torch.cuda.CUDAGraph()
@@ -262,26 +269,16 @@ def failed_capture(args) -> int:
     handoff, the control: a crash in both is PyTorch's or CUDA's, in this one only is
     handoff's."""
 
-    @jax.jit
-    def f(h):
-        return jax.nn.gelu(h) * 1.1 + 0.5
-
     def step(x):
         h = x * 2.0
         if args.pure:
             return torch.nn.functional.gelu(h, approximate="tanh") * 1.1 + 0.5 + x
-        return handoff.to_torch(f(handoff.to_jax(h))) + x
+        return handoff.to_torch(jax_part(handoff.to_jax(h))) + x
 
     x = torch.randn(4096, device="cuda")
     stage = "eager"
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            expected = step(x)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        expected = expected.clone()
+        expected = on_side_stream(lambda: step(x)).clone()
         stage = "capture"
         error = None
         try:
