@@ -41,11 +41,12 @@
 mod backend;
 mod driver;
 mod graph;
+mod graph_edit;
 
 pub(crate) use graph::relax_capture_mode;
 
 pub use driver::{LIBRARY, driver_calls, driver_calls_total};
-pub use graph::{Settled, code_library, describe_graph, prune_taken_out, settle_capture};
+pub use graph_edit::{Settled, code_library, describe_graph, prune_taken_out, settle_capture};
 
 use crate::error::{Error, Result};
 use crate::stream::{RawStream, Stream};
