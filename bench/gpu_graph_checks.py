@@ -238,7 +238,8 @@ def graphed_callables(args) -> int:
         stage = "make_graphed_callables"
         graphed = torch.cuda.make_graphed_callables(graphed_module, (sample,))
         stage = "calls"
-        right = 0
+        close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-5)  # noqa: E731
+        right = {"outputs": 0, "input_grads": 0, "param_grads": 0}
         for i in range(20):
             x = torch.randn(64, width, device="cuda") * (1 + i % 3)
             xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
@@ -246,18 +247,15 @@ def graphed_callables(args) -> int:
             for o in outs:
                 o.square().mean().backward()
             torch.cuda.synchronize()
-            same = torch.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5) and torch.allclose(
-                xs[0].grad, xs[1].grad, rtol=1e-4, atol=1e-5
+            right["outputs"] += close(outs[0], outs[1])
+            right["input_grads"] += close(xs[0].grad, xs[1].grad)
+            right["param_grads"] += all(
+                close(a.grad, b.grad) for a, b in zip(graphed_module.parameters(), eager.parameters())
             )
-            same = same and all(
-                torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-5)
-                for a, b in zip(graphed_module.parameters(), eager.parameters())
-            )
-            right += bool(same)
             for m in (graphed_module, eager):
                 m.zero_grad(set_to_none=False)
         emit(probe="graphed_callables", captured=True, calls=20, right=right)
-        return 0 if right == 20 else 1
+        return 0 if all(n == 20 for n in right.values()) else 1
     except Exception as e:
         return failed(args, stage, e)
 

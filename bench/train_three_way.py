@@ -169,7 +169,9 @@ def parse_args():
         "--graph",
         action="store_true",
         help="CUDA: also time the torch and handoff steps captured into one CUDA graph each "
-        "(torch.cuda.graph, thread-local, handoff.prune_graph) and replayed",
+        "(torch.cuda.graph, thread-local, handoff.prune_graph) and replayed; turns XLA's own "
+        "command buffers off in this process (XLA_FLAGS), as a capture with JAX work needs, "
+        "so every JAX figure of the run is without them",
     )
     ap.add_argument("--warmup", type=int, default=None, help="default 10 (2 with --small)")
     ap.add_argument("--steps", type=int, default=None, help="default 20 (3 with --small)")
@@ -200,6 +202,10 @@ def main():
     args = parse_args()
     if args.ab:
         sys.exit(ab_report(args.ab, args.ab_base))
+    if args.graph:
+        # XLA cannot launch a CUDA graph of its own inside PyTorch's capture.
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_enable_command_buffer=".strip()
     harness.lead(label=args.label)
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     torch, jax, jnp = harness.import_frameworks()

@@ -374,15 +374,17 @@ class _Entry:
         self._fwd_plain = jax.jit(fwd_plain)
         self._fwd_vjp = jax.jit(fwd_vjp)
 
-    def _outputs(self, out, inputs):
-        """JAX outputs to PyTorch tensors; records the output structure once."""
+    def _outputs(self, out, inputs, keep=None):
+        """JAX outputs to PyTorch tensors; records the output structure once. Inside a
+        CUDA graph capture, ``keep`` (the VJP's residuals) is kept with the graph, as the
+        outputs are: a captured backward reads them at every replay."""
         torch, jax = _frameworks()
         leaves, treedef = jax.tree_util.tree_flatten(out)
         if self.out_treedef is None:
             self.out_treedef = treedef
             self.out_meta = tuple((tuple(y.shape), y.dtype) for y in leaves)
             self.out_float = tuple(_is_float(jax, y.dtype) for y in leaves)
-        outs = _to_torch_many(leaves)
+        outs = _to_torch_many(leaves, keep)
         ptrs = None
         for i, t in enumerate(outs):
             if t.numel():
@@ -404,7 +406,7 @@ class _Entry:
         out, vjp = self._fwd_vjp(
             [xs[i] for i in self.diff_idx], [xs[i] for i in self.nondiff_idx]
         )
-        return self._outputs(out, tensors), vjp
+        return self._outputs(out, tensors, vjp), vjp
 
     def backward(self, vjp, cts):
         """The gradients of the differentiable inputs (JAX arrays; ``None`` for an input
@@ -489,7 +491,7 @@ def _function_class():
         def forward(ctx, entry, *tensors):
             outs, vjp = entry.forward_vjp(tensors)
             ctx.entry = entry
-            ctx.vjp = vjp  # the residuals: JAX arrays, freed with the graph
+            ctx.vjp = vjp  # the residuals: JAX arrays, freed with the autograd graph (captured: with the CUDA graph)
             # Saved only to have PyTorch check that no input was modified in place
             # before the backward (the residuals may view the inputs' memory).
             ctx.save_for_backward(*tensors)

@@ -10,8 +10,13 @@ use pyo3::prelude::*;
 /// array is ready on `consumer`: JAX's work, forked into the capture by the crossings,
 /// joins it, and the host callbacks JAX's CUDA plugin enqueued are taken out of the
 /// graph, to run once when it is gone (`handoff_runtime::cuda::settle_capture`); the
-/// array, which every replay writes, is kept with the graph. Nothing otherwise.
-pub(crate) fn settle_for_graph(consumer: &Stream, a: &Bound<'_, PyAny>) -> PyResult<()> {
+/// array, which every replay writes, is kept with the graph, and so is `also` (taken:
+/// kept once). Nothing otherwise.
+pub(crate) fn settle_for_graph(
+    consumer: &Stream,
+    a: &Bound<'_, PyAny>,
+    also: &mut Option<Py<PyAny>>,
+) -> PyResult<()> {
     if consumer.is_host() || !consumer.is_capturing().map_err(errors::to_py)? {
         return Ok(());
     }
@@ -19,7 +24,8 @@ pub(crate) fn settle_for_graph(consumer: &Stream, a: &Bound<'_, PyAny>) -> PyRes
         handoff_runtime::cuda::code_library(code).is_some_and(|p| p.to_string_lossy().contains("jax"))
     };
     handoff_runtime::cuda::settle_capture(consumer, jax_code).map_err(errors::to_py)?;
-    handoff_runtime::graph::keep(consumer, a.clone().unbind()).map_err(errors::to_py)
+    let kept = (a.clone().unbind(), also.take());
+    handoff_runtime::graph::keep(consumer, kept).map_err(errors::to_py)
 }
 
 /// Removes from a captured PyTorch graph the host nodes whose callbacks handoff took

@@ -232,33 +232,44 @@ fn copy_for_xla<'py>(t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 #[pyo3(signature = (x, *, writable = false))]
 pub fn to_torch<'py>(x: &Bound<'py, PyAny>, writable: bool) -> PyResult<Bound<'py, PyAny>> {
     let access = if writable { Access::Write } else { Access::Read };
-    cross_to_torch(native_to_torch(x.py())?, x, access)
+    cross_to_torch(native_to_torch(x.py())?, x, access, &mut None)
 }
 
-/// `[to_torch(a) for a in arrays]`, in one call (`handoff.torch_function`).
+/// `[to_torch(a) for a in arrays]`, in one call (`handoff.torch_function`). Inside a
+/// CUDA graph capture, `keep` (what the arrays' computation left behind for later:
+/// a VJP's residuals) is kept with the graph too, as the arrays are, since every replay
+/// writes it again.
 #[pyfunction(name = "_to_torch_many")]
-pub fn to_torch_many<'py>(py: Python<'py>, arrays: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+#[pyo3(signature = (arrays, keep = None))]
+pub fn to_torch_many<'py>(
+    py: Python<'py>,
+    arrays: &Bound<'py, PyAny>,
+    keep: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyList>> {
     let native = native_to_torch(py)?;
+    let mut keep = keep;
     let out = PyList::empty(py);
     for a in arrays.try_iter()? {
-        out.append(cross_to_torch(native, &a?, Access::Read)?)?;
+        out.append(cross_to_torch(native, &a?, Access::Read, &mut keep)?)?;
     }
     Ok(out)
 }
 
-/// One crossing to PyTorch.
+/// One crossing to PyTorch; `keep` is taken by the first crossing made inside a graph
+/// capture and kept with that graph.
 fn cross_to_torch<'py>(
     native: Option<(&'static Torch, &'static Jax)>,
     x: &Bound<'py, PyAny>,
     access: Access,
+    keep: &mut Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     if let Some((torch, jax)) = native
         && jax.is_array(x)
-        && let Some(t) = jax_to_torch(torch, jax, x, access)?
+        && let Some(t) = jax_to_torch(torch, jax, x, access, keep)?
     {
         return Ok(t);
     }
-    Public::to_torch(x, access)
+    Public::to_torch(x, access).map_err(|e| errors::with_capture_hint(x.py(), e))
 }
 
 /// Orders PyTorch's stream before JAX's once per call of several crossings: one wait
@@ -364,6 +375,7 @@ fn jax_to_torch<'py>(
     jax: &Jax,
     a: &Bound<'py, PyAny>,
     access: Access,
+    keep: &mut Option<Py<PyAny>>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = a.py();
     let Some((dl, _)) = jax.device_of(a)? else { return Ok(None) };
@@ -377,7 +389,7 @@ fn jax_to_torch<'py>(
     let Ok(capsule) = jax.call_from_buffer(a, stream) else {
         return Ok(None); // a deleted array: the public route raises JAX's own error
     };
-    crate::capture::settle_for_graph(&consumer, a)?;
+    crate::capture::settle_for_graph(&consumer, a, keep)?;
     let taken = capsule::take(&capsule)?;
     // SAFETY: `take` gave us the producer's unconsumed managed tensor.
     let adopted = unsafe { capsule::adopt(taken, &consumer, access) }.map_err(errors::to_py)?;

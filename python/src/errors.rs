@@ -28,3 +28,22 @@ pub fn to_py(e: handoff_runtime::Error) -> PyErr {
         _ => HandoffError::new_err(e.to_string()),
     }
 }
+
+/// `e` with what to do, where JAX's own error says that XLA launched a CUDA graph of its
+/// own (a command buffer) into a stream capturing PyTorch's graph, which CUDA refuses:
+/// a [`HandoffError`] naming the flag that turns XLA's command buffers off, caused by
+/// `e`. Any other error as it is.
+pub fn with_capture_hint(py: Python<'_>, e: PyErr) -> PyErr {
+    let message = e.value(py).to_string();
+    if !message.contains("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED") || !message.contains("CUDA graph") {
+        return e;
+    }
+    let hinted = HandoffError::new_err(
+        "XLA ran a JAX function as a CUDA graph of its own (a command buffer), which cannot be \
+         launched inside PyTorch's CUDA graph capture: set \
+         XLA_FLAGS=--xla_gpu_enable_command_buffer= before JAX starts, in the process that \
+         captures (JAX's error follows as the cause)",
+    );
+    hinted.set_cause(py, Some(e));
+    hinted
+}

@@ -174,7 +174,11 @@ impl Ordered {
                                 // A capture on the consumer's stream takes in the
                                 // producer's work (JAX's), as `to_torch` does.
                                 if self.mock.is_none() {
-                                    crate::capture::settle_for_graph(&consumer.stream, self.obj.bind(py))?;
+                                    crate::capture::settle_for_graph(
+                                        &consumer.stream,
+                                        self.obj.bind(py),
+                                        &mut None,
+                                    )?;
                                 }
                                 (adopted, versioned)
                             }

@@ -216,6 +216,34 @@ def test_jax_to_torch_routes_refuse_alike(route):
     assert torch_facts(crossed) == torch_facts(public)
 
 
+class CommandBufferInCapture:
+    """A producer failing as JAX does when XLA launches a CUDA graph of its own (a
+    command buffer) into a stream that captures PyTorch's graph."""
+
+    MESSAGE = (
+        "INTERNAL: CUDA error: Failed to launch CUDA graph: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: "
+        "operation not permitted when stream is capturing [executable_name='jit_fwd_vjp']"
+    )
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, **kwargs):
+        raise RuntimeError(self.MESSAGE)
+
+
+def test_xlas_command_buffer_in_a_capture_is_told_with_the_flag_that_turns_it_off():
+    with pytest.raises(handoff.HandoffError, match="XLA_FLAGS=--xla_gpu_enable_command_buffer=") as e:
+        handoff.to_torch(CommandBufferInCapture())
+    assert isinstance(e.value.__cause__, RuntimeError)
+    assert str(e.value.__cause__) == CommandBufferInCapture.MESSAGE
+    # Any other error of the producer reaches the caller as it is.
+    other = CommandBufferInCapture()
+    other.MESSAGE = "INTERNAL: something else"
+    with pytest.raises(RuntimeError, match="^INTERNAL: something else$"):
+        handoff.to_torch(other)
+
+
 def released_after(cross, x):
     """Crosses ``x``, drops the result; the counters' change, and the result's address."""
     before = handoff.stats()
