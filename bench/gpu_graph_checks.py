@@ -10,7 +10,8 @@ One check per run, so that a crash ends only its own run; exit 1 when it fails::
 ``crossings``: ``y = to_torch(jax_part(to_jax(x * 2))) + x``, ``jax_part`` a jitted JAX function;
 ``graphed_callables``: a module with a JAX layer through
 ``torch.cuda.make_graphed_callables``, its outputs and gradients against the eager
-module's over 20 calls. ``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both ways;
+module's over 20 calls, each beside its eager one (``--phases separate``: every graphed
+call first). ``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both ways;
 ``torch_function``: the same through ``handoff.torch_function(f)``. Each: an eager
 warm-up on a side stream (as ``torch.cuda.graph`` asks), the capture, then 100 replays
 with new inputs, each compared with the eager step. ``train``: a training step (forward
@@ -85,6 +86,12 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--prune", action="store_true", help="keep_graph=True, handoff.prune_graph, instantiate")
     ap.add_argument("--pure", action="store_true", help="failed_capture: the step without handoff (the control)")
+    ap.add_argument(
+        "--phases",
+        choices=["interleaved", "separate"],
+        default="interleaved",
+        help="graphed_callables: each graphed call beside its eager one, or all graphed calls first",
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         emit(probe=args.probe, skipped="no CUDA device")
@@ -239,22 +246,35 @@ def graphed_callables(args) -> int:
         graphed = torch.cuda.make_graphed_callables(graphed_module, (sample,))
         stage = "calls"
         close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-5)  # noqa: E731
+
+        def call(module, x):
+            """Output, input gradient and parameter gradients of one call, as copies."""
+            x = x.clone().requires_grad_()
+            out = module(x)
+            out.square().mean().backward()
+            found = [out.detach().clone(), x.grad.clone(), [p.grad.clone() for p in module.parameters()]]
+            module.zero_grad(set_to_none=False)
+            return found
+
+        xs = [torch.randn(64, width, device="cuda") * (1 + i % 3) for i in range(20)]
+        if args.phases == "interleaved":
+            pairs = [(call(graphed, x), call(eager, x)) for x in xs]
+        else:  # every graphed call first, then every eager one
+            pairs = list(zip([call(graphed, x) for x in xs], [call(eager, x) for x in xs]))
+        torch.cuda.synchronize()
         right = {"outputs": 0, "input_grads": 0, "param_grads": 0}
-        for i in range(20):
-            x = torch.randn(64, width, device="cuda") * (1 + i % 3)
-            xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
-            outs = [graphed(xs[0]), eager(xs[1])]
-            for o in outs:
-                o.square().mean().backward()
-            torch.cuda.synchronize()
-            right["outputs"] += close(outs[0], outs[1])
-            right["input_grads"] += close(xs[0].grad, xs[1].grad)
-            right["param_grads"] += all(
-                close(a.grad, b.grad) for a, b in zip(graphed_module.parameters(), eager.parameters())
-            )
-            for m in (graphed_module, eager):
-                m.zero_grad(set_to_none=False)
-        emit(probe="graphed_callables", captured=True, calls=20, right=right)
+        for g, e in pairs:
+            right["outputs"] += close(g[0], e[0])
+            right["input_grads"] += close(g[1], e[1])
+            right["param_grads"] += all(close(a, b) for a, b in zip(g[2], e[2]))
+        emit(
+            probe="graphed_callables",
+            phases=args.phases,
+            xla_flags=os.environ.get("XLA_FLAGS"),
+            captured=True,
+            calls=20,
+            right=right,
+        )
         return 0 if all(n == 20 for n in right.values()) else 1
     except Exception as e:
         return failed(args, stage, e)
