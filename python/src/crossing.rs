@@ -301,8 +301,19 @@ struct ToJax {
 impl ToJax {
     fn one<'py>(&self, t: &Bound<'py, PyAny>, order: &mut OrderOnce) -> PyResult<Bound<'py, PyAny>> {
         let py = t.py();
-        let copy = if self.detached && needs_copy_for_xla(t)? { Some(copy_for_xla(t)?) } else { None };
-        let t = copy.as_ref().unwrap_or(t);
+        // What is exported is held as long as JAX holds the view: never a tensor with a
+        // history, which would keep its whole autograd graph alive (and, in a CUDA graph
+        // capture, a stale AccumulateGrad node that PyTorch's backward then refuses).
+        let own = if !self.detached {
+            None
+        } else if needs_copy_for_xla(t)? {
+            Some(copy_for_xla(t)?)
+        } else if !t.getattr(intern!(py, "grad_fn"))?.is_none() {
+            Some(t.call_method0(intern!(py, "detach"))?)
+        } else {
+            None
+        };
+        let t = own.as_ref().unwrap_or(t);
         let Some(exported) = self.torch.export(t, self.detached)? else {
             return Public::to_jax(t); // PyTorch's own error, or a tensor it exports its own way
         };

@@ -9,9 +9,11 @@ on any wheel, against the public route spelled out; and the public route forced 
 ``_set_route`` (a test seam, marked ``hooks``) against the same spelling.
 """
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -282,6 +284,23 @@ def test_a_torch_tensor_outlives_its_python_object_in_jax():
     junk = [torch.full((1000,), -1.0) for _ in range(20)]  # reuse freed memory, if any
     assert np.asarray(a).tolist() == list(map(float, range(1000)))
     del junk
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_view_for_torch_function_keeps_no_autograd_history_alive(route):
+    """The JAX view of a tensor with a history (``torch_function``'s inputs) holds a
+    detached tensor: the original, its ``grad_fn`` and the graph behind it (down to the
+    parameters' AccumulateGrad nodes) go when the caller drops them."""
+    set_route(route)
+    w = torch.randn(4, 4, requires_grad=True)
+    h = torch.tanh(torch.randn(4, 4) @ w)
+    expected = h.detach().tolist()
+    original = weakref.ref(h)
+    (view,) = handoff._handoff._to_jax_many([h])
+    del h
+    gc.collect()
+    assert original() is None, "the JAX view keeps the tensor with its autograd history alive"
+    assert np.asarray(view).tolist() == expected
 
 
 @pytest.mark.parametrize("route", ROUTES)
