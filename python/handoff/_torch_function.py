@@ -491,7 +491,9 @@ def _function_class():
         def forward(ctx, entry, *tensors):
             outs, vjp = entry.forward_vjp(tensors)
             ctx.entry = entry
-            ctx.vjp = vjp  # the residuals: JAX arrays, freed with the autograd graph (captured: with the CUDA graph)
+            # The residuals: JAX arrays, freed with the autograd graph (a captured
+            # forward's: with the CUDA graph too).
+            ctx.vjp = vjp
             # Saved only to have PyTorch check that no input was modified in place
             # before the backward (the residuals may view the inputs' memory).
             ctx.save_for_backward(*tensors)

@@ -244,10 +244,9 @@ pub fn to_torch<'py>(x: &Bound<'py, PyAny>, writable: bool) -> PyResult<Bound<'p
 pub fn to_torch_many<'py>(
     py: Python<'py>,
     arrays: &Bound<'py, PyAny>,
-    keep: Option<Py<PyAny>>,
+    mut keep: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
     let native = native_to_torch(py)?;
-    let mut keep = keep;
     let out = PyList::empty(py);
     for a in arrays.try_iter()? {
         out.append(cross_to_torch(native, &a?, Access::Read, &mut keep)?)?;
