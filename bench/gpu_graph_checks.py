@@ -32,6 +32,9 @@ import sys
 import traceback
 
 os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+# --xla-allocator names JAX's allocator (XLA_PYTHON_CLIENT_ALLOCATOR), read when JAX starts.
+if "--xla-allocator" in sys.argv[:-1]:
+    os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = sys.argv[sys.argv.index("--xla-allocator") + 1]
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -91,6 +94,12 @@ def main() -> int:
         choices=["interleaved", "separate"],
         default="interleaved",
         help="graphed_callables: each graphed call beside its eager one, or all graphed calls first",
+    )
+    ap.add_argument(
+        "--xla-allocator",
+        choices=["default", "bfc", "platform", "cuda_async"],
+        default=None,
+        help="JAX's device allocator (XLA_PYTHON_CLIENT_ALLOCATOR); cuda_async frees in stream order",
     )
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -271,6 +280,7 @@ def graphed_callables(args) -> int:
             probe="graphed_callables",
             phases=args.phases,
             xla_flags=os.environ.get("XLA_FLAGS"),
+            xla_allocator=os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR"),
             captured=True,
             calls=20,
             right=right,

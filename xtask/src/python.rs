@@ -427,6 +427,9 @@ py_step python_graph_callables gpu_graph_checks.py 90 --probe graphed_callables
 # The same with every graphed call first, then the eager ones: right here and wrong
 # above would mean eager JAX work between replays is given memory a replay writes.
 py_step python_graph_callables_separate gpu_graph_checks.py 90 --probe graphed_callables --phases separate
+# And with JAX's stream-ordered allocator (cudaMallocAsync): inside a capture its
+# allocations and frees become the graph's own memory nodes.
+py_step python_graph_callables_cuda_async gpu_graph_checks.py 90 --probe graphed_callables --xla-allocator cuda_async
 py_step python_graph_train gpu_graph_checks.py 120 --probe train --prune
 # The same in global mode, torch.cuda.graph's default.
 py_step python_graph_ordered_global gpu_graph_checks.py 90 --probe ordered --mode global
