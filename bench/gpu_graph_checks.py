@@ -9,9 +9,10 @@ One check per run, so that a crash ends only its own run; exit 1 when it fails::
 
 ``crossings``: ``y = to_torch(jax_part(to_jax(x * 2))) + x``, ``jax_part`` a jitted JAX function;
 ``graphed_callables``: a module with a JAX layer through
-``torch.cuda.make_graphed_callables``, its outputs and gradients against the eager
-module's over 20 calls, each beside its eager one (``--phases separate``: every graphed
-call first). ``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both ways;
+``torch.cuda.make_graphed_callables`` and an eager copy, over 20 calls: both forwards,
+then both backwards (``--phases sequential``: each call done before the next begins);
+the outputs and gradients of each side against the eager module's alone, before any
+replay (``--pure``: a PyTorch layer, the control). ``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both ways;
 ``torch_function``: the same through ``handoff.torch_function(f)``. Each: an eager
 warm-up on a side stream (as ``torch.cuda.graph`` asks), the capture, then 100 replays
 with new inputs, each compared with the eager step. ``train``: a training step (forward
@@ -88,12 +89,17 @@ def main() -> int:
     ap.add_argument("--mode", choices=["global", "thread_local", "relaxed"], default="thread_local")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--prune", action="store_true", help="keep_graph=True, handoff.prune_graph, instantiate")
-    ap.add_argument("--pure", action="store_true", help="failed_capture: the step without handoff (the control)")
+    ap.add_argument(
+        "--pure",
+        action="store_true",
+        help="failed_capture, graphed_callables: the step without handoff (the control)",
+    )
     ap.add_argument(
         "--phases",
-        choices=["interleaved", "separate"],
+        choices=["interleaved", "sequential"],
         default="interleaved",
-        help="graphed_callables: each graphed call beside its eager one, or all graphed calls first",
+        help="graphed_callables: both forwards, then both backwards (eager JAX arrays alive "
+        "across the graphed backward's replay), or each call done before the next",
     )
     ap.add_argument(
         "--xla-allocator",
@@ -233,7 +239,10 @@ def train(args) -> int:
 
 def graphed_callables(args) -> int:
     width = 256
-    layer = handoff.torch_function(lambda h, w: jax.nn.gelu(h @ w))
+    if args.pure:
+        layer = lambda h, w: torch.nn.functional.gelu(h @ w)  # noqa: E731
+    else:
+        layer = handoff.torch_function(lambda h, w: jax.nn.gelu(h @ w))
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -244,6 +253,26 @@ def graphed_callables(args) -> int:
         def forward(self, x):
             return layer(torch.tanh(self.lin(x)), self.w)
 
+    def forward(module, x):
+        x = x.clone().requires_grad_()
+        return x, module(x)
+
+    def backward(module, x, out):
+        """Output, input gradient and parameter gradients of one call, as copies."""
+        out.square().mean().backward()
+        found = [out.detach().clone(), x.grad.clone(), [p.grad.clone() for p in module.parameters()]]
+        module.zero_grad(set_to_none=True)
+        return found
+
+    def count(found, expected):
+        close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-5)  # noqa: E731
+        right = {"outputs": 0, "input_grads": 0, "param_grads": 0}
+        for f, e in zip(found, expected):
+            right["outputs"] += close(f[0], e[0])
+            right["input_grads"] += close(f[1], e[1])
+            right["param_grads"] += all(close(a, b) for a, b in zip(f[2], e[2]))
+        return right
+
     stage = "setup"
     try:
         torch.manual_seed(0)
@@ -251,41 +280,35 @@ def graphed_callables(args) -> int:
         graphed_module = Block().cuda()
         graphed_module.load_state_dict(eager.state_dict())
         sample = torch.randn(64, width, device="cuda", requires_grad=True)
+        xs = [torch.randn(64, width, device="cuda") * (1 + i % 3) for i in range(20)]
         stage = "make_graphed_callables"
         graphed = torch.cuda.make_graphed_callables(graphed_module, (sample,))
         stage = "calls"
-        close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-5)  # noqa: E731
-
-        def call(module, x):
-            """Output, input gradient and parameter gradients of one call, as copies."""
-            x = x.clone().requires_grad_()
-            out = module(x)
-            out.square().mean().backward()
-            found = [out.detach().clone(), x.grad.clone(), [p.grad.clone() for p in module.parameters()]]
-            module.zero_grad(set_to_none=False)
-            return found
-
-        xs = [torch.randn(64, width, device="cuda") * (1 + i % 3) for i in range(20)]
-        if args.phases == "interleaved":
-            pairs = [(call(graphed, x), call(eager, x)) for x in xs]
-        else:  # every graphed call first, then every eager one
-            pairs = list(zip([call(graphed, x) for x in xs], [call(eager, x) for x in xs]))
+        # The reference: the eager module alone, no replay anywhere near.
+        reference = [backward(eager, *forward(eager, x)) for x in xs]
         torch.cuda.synchronize()
-        right = {"outputs": 0, "input_grads": 0, "param_grads": 0}
-        for g, e in pairs:
-            right["outputs"] += close(g[0], e[0])
-            right["input_grads"] += close(g[1], e[1])
-            right["param_grads"] += all(close(a, b) for a, b in zip(g[2], e[2]))
+        found = {"graphed": [], "eager": []}
+        for x in xs:
+            if args.phases == "interleaved":  # eager JAX arrays alive across a replay
+                g, e = forward(graphed, x), forward(eager, x)
+                found["graphed"].append(backward(graphed, *g))
+                found["eager"].append(backward(eager, *e))
+            else:  # each call done before the next begins
+                found["graphed"].append(backward(graphed, *forward(graphed, x)))
+                found["eager"].append(backward(eager, *forward(eager, x)))
+        torch.cuda.synchronize()
+        right = {side: count(calls, reference) for side, calls in found.items()}
         emit(
             probe="graphed_callables",
+            pure=args.pure,
             phases=args.phases,
             xla_flags=os.environ.get("XLA_FLAGS"),
             xla_allocator=os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR"),
             captured=True,
-            calls=20,
+            calls=len(xs),
             right=right,
         )
-        return 0 if all(n == 20 for n in right.values()) else 1
+        return 0 if all(n == len(xs) for side in right.values() for n in side.values()) else 1
     except Exception as e:
         return failed(args, stage, e)
 

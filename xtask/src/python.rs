@@ -424,9 +424,10 @@ py_step python_graph_crossings gpu_graph_checks.py 90 --probe crossings
 py_step python_graph_ordered gpu_graph_checks.py 90 --probe ordered
 py_step python_graph_torch_function gpu_graph_checks.py 90 --probe torch_function
 py_step python_graph_callables gpu_graph_checks.py 90 --probe graphed_callables
-# The same with every graphed call first, then the eager ones: right here and wrong
-# above would mean eager JAX work between replays is given memory a replay writes.
-py_step python_graph_callables_separate gpu_graph_checks.py 90 --probe graphed_callables --phases separate
+# The same with each call done before the next begins: right here and wrong above would
+# mean that eager JAX arrays alive across a replay are given memory the replay writes.
+py_step python_graph_callables_sequential gpu_graph_checks.py 90 --probe graphed_callables --phases sequential
+py_step python_graph_callables_pure gpu_graph_checks.py 90 --probe graphed_callables --pure
 # And with JAX's stream-ordered allocator (cudaMallocAsync): inside a capture its
 # allocations and frees become the graph's own memory nodes.
 py_step python_graph_callables_cuda_async gpu_graph_checks.py 90 --probe graphed_callables --xla-allocator cuda_async
