@@ -423,13 +423,10 @@ py_step python_cuda_core cuda_core_consumer.py 60
 py_step python_graph_crossings gpu_graph_checks.py 90 --probe crossings
 py_step python_graph_ordered gpu_graph_checks.py 90 --probe ordered
 py_step python_graph_torch_function gpu_graph_checks.py 90 --probe torch_function
+# make_graphed_callables four ways (docs/RELIABILITY.md, CUDA graphs).
 py_step python_graph_callables gpu_graph_checks.py 90 --probe graphed_callables
-# The same with each call done before the next begins: right here and wrong above would
-# mean that eager JAX arrays alive across a replay are given memory the replay writes.
 py_step python_graph_callables_sequential gpu_graph_checks.py 90 --probe graphed_callables --phases sequential
 py_step python_graph_callables_pure gpu_graph_checks.py 90 --probe graphed_callables --pure
-# And with JAX's stream-ordered allocator (cudaMallocAsync): inside a capture its
-# allocations and frees become the graph's own memory nodes.
 py_step python_graph_callables_cuda_async gpu_graph_checks.py 90 --probe graphed_callables --xla-allocator cuda_async
 py_step python_graph_train gpu_graph_checks.py 120 --probe train --prune
 # The same in global mode, torch.cuda.graph's default.
