@@ -42,6 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 import torch  # noqa: E402
 
 import handoff  # noqa: E402
+import harness  # noqa: E402  (beside this script, in bench/ and in the GPU bundle)
 
 
 def emit(**fields):
@@ -65,18 +66,6 @@ def failed(args, stage: str, e: Exception) -> int:
 def jax_part(h):
     """The JAX function the crossings checks put between PyTorch ops."""
     return jax.nn.gelu(h) * 1.1 + 0.5
-
-
-def on_side_stream(fn):
-    """Runs ``fn()`` on a side stream ordered after the current one, as
-    ``torch.cuda.graph`` asks of a warm-up, then waits for the device; its result."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        result = fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    return result
 
 
 def main() -> int:
@@ -134,7 +123,7 @@ def main() -> int:
     static_x = torch.randn(4096, device="cuda")
     stage = "warm-up"
     try:
-        on_side_stream(lambda: [step(static_x) for _ in range(3)])
+        harness.on_side_stream(torch, lambda: [step(static_x) for _ in range(3)])
         stage = "capture"
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode=args.mode):
@@ -194,7 +183,7 @@ def train(args) -> int:
                     opt.zero_grad(set_to_none=True)
                     step(x, t)
 
-            on_side_stream(warm_up)
+            harness.on_side_stream(torch, warm_up)
             start = [p.detach().clone() for p in params]
             stage = "capture"
             graph = torch.cuda.CUDAGraph(keep_graph=True) if args.prune else torch.cuda.CUDAGraph()
@@ -329,7 +318,7 @@ def failed_capture(args) -> int:
     x = torch.randn(4096, device="cuda")
     stage = "eager"
     try:
-        expected = on_side_stream(lambda: step(x)).clone()
+        expected = harness.on_side_stream(torch, lambda: step(x)).clone()
         stage = "capture"
         error = None
         try:

@@ -161,6 +161,18 @@ def device_sync(torch, cuda):
     return torch.cuda.synchronize if cuda else (lambda: None)
 
 
+def on_side_stream(torch, fn):
+    """Runs ``fn()`` on a side stream ordered after the current one, as
+    ``torch.cuda.graph`` asks of a warm-up, then waits for the device; its result."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        result = fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    return result
+
+
 def median_ms(step, n, reps=1, warmup=0, sync=None):
     """Median ms per call of ``step()``: ``warmup`` calls, ``sync()``, then ``reps``
     blocks of ``n`` calls, each timed (``time.perf_counter``) up to its ``sync()``.

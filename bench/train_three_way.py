@@ -430,13 +430,7 @@ def graph_ms(torch, handoff, step, args, sync):
     """Median ms per replay of `step` captured into one CUDA graph: warmed up on a side
     stream, captured in thread-local mode into `CUDAGraph(keep_graph=True)`, the host
     nodes handoff took out removed (`handoff.prune_graph`), instantiated."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    sync()
+    harness.on_side_stream(torch, lambda: [step() for _ in range(3)])
     graph = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         step()
