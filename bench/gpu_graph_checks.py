@@ -7,23 +7,30 @@ One check per run, so that a crash ends only its own run; exit 1 when it fails::
     python bench/gpu_graph_checks.py --probe torch_function --mode relaxed
     python bench/gpu_graph_checks.py --probe train --prune
 
-``crossings``: ``y = to_torch(jax_part(to_jax(x * 2))) + x``, ``jax_part`` a jitted JAX function;
-``graphed_callables``: a module with a JAX layer through
-``torch.cuda.make_graphed_callables`` and an eager copy, over 20 calls: both forwards,
-then both backwards (``--phases sequential``: each call done before the next begins);
-the outputs and gradients of each side against the eager module's alone, before any
-replay (``--pure``: a PyTorch layer, the control). ``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both ways;
-``torch_function``: the same through ``handoff.torch_function(f)``. Each: an eager
-warm-up on a side stream (as ``torch.cuda.graph`` asks), the capture, then 100 replays
-with new inputs, each compared with the eager step. ``train``: a training step (forward
-through a JAX layer, backward, SGD) captured once and replayed 20 times, its parameters
-compared with 20 eager steps from the same start, and the ms a replay takes beside the
-same step with a PyTorch layer, captured the same way (64x256, f32). ``failed_capture``:
-a capture that fails after a crossing (``--pure``: without handoff, the control); the
-process must go on right and exit cleanly. Prints one JSON line: where it
-failed (the exception, in full) or the replays that were right. PJRT's own command
-buffers are turned off in this process (``XLA_FLAGS``), since they would nest a capture
-in PyTorch's.
+- ``crossings``: ``y = to_torch(jax_part(to_jax(x * 2))) + x``, ``jax_part`` a jitted
+  JAX function; ``ordered``: the same through ``from_dlpack(handoff.ordered(...))`` both
+  ways; ``torch_function``: the same through ``handoff.torch_function(f)``. Each: an
+  eager warm-up on a side stream (as ``torch.cuda.graph`` asks), the capture, then 100
+  replays with new inputs, each compared with the eager step.
+- ``train``: a training step (forward through a JAX layer, backward, SGD) captured once
+  and replayed 20 times, its parameters compared with 20 eager steps from the same
+  start, and the ms a replay takes beside the same step with a PyTorch layer, captured
+  the same way (64x256, f32).
+- ``graphed_callables``: a module with a JAX layer through
+  ``torch.cuda.make_graphed_callables`` and an eager copy, over 20 calls: both forwards,
+  then both backwards (``--phases sequential``: each call done before the next begins);
+  the outputs and gradients of each side against the eager module's alone, before any
+  replay (``--pure``: a PyTorch layer, the control). Interleaved, only the graphed side
+  is judged: the eager copy's JAX arrays are alive across the graphed replays.
+- ``scratch``: JAX arrays made after a capture and alive across its replays, counted
+  where the replays overwrote them (XLA reuses a captured execution's scratch memory);
+  the check is that the replay is right and handoff warned (``CaptureWarning``).
+- ``failed_capture``: a capture that fails after a crossing (``--pure``: without
+  handoff, the control); the process must go on right and exit cleanly.
+
+Prints one JSON line: where it failed (the exception, in full) or what was right.
+PJRT's own command buffers are turned off in this process (``XLA_FLAGS``), since they
+would nest a capture in PyTorch's.
 """
 
 import argparse
@@ -31,11 +38,9 @@ import json
 import os
 import sys
 import traceback
+import warnings
 
 os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
-# --xla-allocator names JAX's allocator (XLA_PYTHON_CLIENT_ALLOCATOR), read when JAX starts.
-if "--xla-allocator" in sys.argv[:-1]:
-    os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = sys.argv[sys.argv.index("--xla-allocator") + 1]
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -72,7 +77,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--probe",
-        choices=["crossings", "ordered", "torch_function", "train", "graphed_callables", "failed_capture"],
+        choices=[
+            "crossings",
+            "ordered",
+            "torch_function",
+            "train",
+            "graphed_callables",
+            "failed_capture",
+            "scratch",
+        ],
         required=True,
     )
     ap.add_argument("--mode", choices=["global", "thread_local", "relaxed"], default="thread_local")
@@ -90,12 +103,6 @@ def main() -> int:
         help="graphed_callables: both forwards, then both backwards (eager JAX arrays alive "
         "across the graphed backward's replay), or each call done before the next",
     )
-    ap.add_argument(
-        "--xla-allocator",
-        choices=["default", "bfc", "platform", "cuda_async"],
-        default=None,
-        help="JAX's device allocator (XLA_PYTHON_CLIENT_ALLOCATOR); cuda_async frees in stream order",
-    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         emit(probe=args.probe, skipped="no CUDA device")
@@ -107,6 +114,8 @@ def main() -> int:
         return graphed_callables(args)
     if args.probe == "failed_capture":
         return failed_capture(args)
+    if args.probe == "scratch":
+        return scratch(args)
 
     layer = handoff.torch_function(lambda h: jax.nn.gelu(h) * 1.1 + 0.5)
 
@@ -292,12 +301,59 @@ def graphed_callables(args) -> int:
             pure=args.pure,
             phases=args.phases,
             xla_flags=os.environ.get("XLA_FLAGS"),
-            xla_allocator=os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR"),
             captured=True,
             calls=len(xs),
             right=right,
         )
-        return 0 if all(n == len(xs) for side in right.values() for n in side.values()) else 1
+        # Interleaved, the eager copy's JAX arrays are alive across the graphed backward's
+        # replay, which can overwrite them (the scratch probe): only the graphed side counts.
+        judged = right if args.phases == "sequential" else {"graphed": right["graphed"]}
+        return 0 if all(n == len(xs) for side in judged.values() for n in side.values()) else 1
+    except Exception as e:
+        return failed(args, stage, e)
+
+
+def scratch(args) -> int:
+    """JAX arrays made after a capture and alive across its replays: how many did the
+    replays overwrite? A captured XLA execution writes its scratch memory at every
+    replay, and XLA's allocator took that memory back at the capture. The check: the
+    replay is right and handoff gave its ``CaptureWarning``, once; the count is the
+    limitation the warning names (docs/RELIABILITY.md, CUDA graphs)."""
+    f = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b.T + 1.0)  # an intermediate: scratch
+    x = torch.randn(512, 512, device="cuda")
+    w = torch.randn(512, 512, device="cuda") / 512**0.5
+
+    def step():
+        return handoff.to_torch(f(handoff.to_jax(x), handoff.to_jax(w)))
+
+    stage = "warm-up"
+    try:
+        expected = harness.on_side_stream(torch, step).clone()
+        stage = "capture"
+        graph = torch.cuda.CUDAGraph()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph, capture_error_mode=args.mode):
+                y = step()
+        ours = [str(w.message) for w in warned if issubclass(w.category, handoff.CaptureWarning)]
+        stage = "replays"
+        held = [jnp.full((512, 512), float(i)) for i in range(64)]
+        jax.block_until_ready(held)
+        for _ in range(10):
+            graph.replay()
+        torch.cuda.synchronize()
+        changed = sum(not bool(jnp.all(a == float(i))) for i, a in enumerate(held))
+        right = bool(torch.allclose(y, expected, rtol=1e-4, atol=1e-4))
+        emit(
+            probe="scratch",
+            mode=args.mode,
+            captured=True,
+            replay_right=right,
+            warned=[m[:60] for m in ours],
+            held=len(held),
+            changed_by_replays=changed,
+        )
+        return 0 if right and len(ours) == 1 else 1
     except Exception as e:
         return failed(args, stage, e)
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 import atexit as _atexit
 from ._handoff import (
     DLPACK_VERSION,
+    CaptureWarning,
     HandoffError,
     InvalidTensorError,
     Ordered,
@@ -65,6 +66,7 @@ from ._handoff import (
 from ._torch_function import TorchFunction, torch_function
 
 __all__ = [
+    "CaptureWarning",
     "DLPACK_VERSION",
     "HandoffError",
     "InvalidTensorError",

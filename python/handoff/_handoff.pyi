@@ -13,6 +13,11 @@ class InvalidTensorError(BufferError):
     """The producer's DLPack tensor failed validation (the message names the field and
     the value). The producer's deleter has been called exactly once."""
 
+class CaptureWarning(RuntimeWarning):
+    """JAX work was captured into a CUDA graph: JAX arrays made after the capture and
+    still alive at one of its replays can be overwritten by it (XLA reuses a captured
+    execution's scratch memory). Given once per process."""
+
 class Ordered:
     """What ``ordered(obj)`` returns: speaks ``__dlpack__``/``__dlpack_device__`` for
     ``obj``, releasing ``obj``'s tensor in stream order."""

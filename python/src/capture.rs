@@ -5,13 +5,15 @@
 use crate::errors;
 use handoff_runtime::Stream;
 use pyo3::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Inside a CUDA graph capture on PyTorch's stream (`torch.cuda.graph`), once JAX's
 /// array is ready on `consumer`: JAX's work, forked into the capture by the crossings,
 /// joins it, and the host callbacks JAX's CUDA plugin enqueued are taken out of the
 /// graph, to run once when it is gone (`handoff_runtime::cuda::settle_capture`); the
 /// array, which every replay writes, is kept with the graph, and so is `also` (taken:
-/// kept once). Nothing otherwise.
+/// kept once). The first time in the process, a [`CaptureWarning`](errors::CaptureWarning).
+/// Nothing otherwise.
 pub(crate) fn settle_for_graph(
     consumer: &Stream,
     a: &Bound<'_, PyAny>,
@@ -25,7 +27,32 @@ pub(crate) fn settle_for_graph(
     };
     handoff_runtime::cuda::settle_capture(consumer, jax_code).map_err(errors::to_py)?;
     let kept = (a.clone().unbind(), also.take());
-    handoff_runtime::graph::keep(consumer, kept).map_err(errors::to_py)
+    handoff_runtime::graph::keep(consumer, kept).map_err(errors::to_py)?;
+    warn_of_scratch_reuse(a.py())
+}
+
+/// Once per process, at the first JAX work settled into a capture: a
+/// [`CaptureWarning`](errors::CaptureWarning). XLA gives a captured execution's scratch
+/// memory back to its allocator as soon as the execution is enqueued, in the order of
+/// XLA's own stream; every replay writes that memory again, on PyTorch's stream, and
+/// XLA's allocator gives it to the next arrays it makes. XLA's stream-ordered allocator
+/// (`cuda_async`), whose memory would belong to the graph, cannot allocate inside a
+/// capture at all, so no setting of JAX avoids it: the warning says what to keep apart.
+fn warn_of_scratch_reuse(py: Python<'_>) -> PyResult<()> {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return Ok(());
+    }
+    PyErr::warn(
+        py,
+        &py.get_type::<errors::CaptureWarning>(),
+        c"JAX work was captured into a CUDA graph. XLA reuses a captured execution's scratch \
+          memory for the arrays it makes next, and every replay writes that memory again: a \
+          JAX array made after this capture and still alive at a replay, or a tensor \
+          handed over from one, can be overwritten. Finish with such results (or copy them) \
+          before replaying.",
+        1,
+    )
 }
 
 /// Removes from a captured PyTorch graph the host nodes whose callbacks handoff took

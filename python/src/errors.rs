@@ -1,7 +1,7 @@
 //! The exceptions of `handoff`, and the mapping of the runtime's errors onto them.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyBufferError, PyRuntimeError};
+use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyRuntimeWarning};
 use pyo3::prelude::*;
 
 create_exception!(
@@ -17,6 +17,15 @@ create_exception!(
     PyBufferError,
     "The producer's DLPack tensor failed validation (the message names the field and the value). \
      The producer's deleter has been called exactly once."
+);
+
+create_exception!(
+    handoff,
+    CaptureWarning,
+    PyRuntimeWarning,
+    "JAX work was captured into a CUDA graph: JAX arrays made after the capture and still alive \
+     at one of its replays can be overwritten by it (XLA reuses a captured execution's scratch \
+     memory). Given once per process."
 );
 
 /// The Python exception for a runtime error: [`InvalidTensorError`] for a tensor that

@@ -125,6 +125,7 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("HandoffError", py.get_type::<errors::HandoffError>())?;
     m.add("InvalidTensorError", py.get_type::<errors::InvalidTensorError>())?;
+    m.add("CaptureWarning", py.get_type::<errors::CaptureWarning>())?;
     let v = handoff_runtime::ffi::DLPackVersion::CURRENT;
     m.add("DLPACK_VERSION", (v.major, v.minor))?;
     Ok(())

@@ -423,11 +423,11 @@ py_step python_cuda_core cuda_core_consumer.py 60
 py_step python_graph_crossings gpu_graph_checks.py 90 --probe crossings
 py_step python_graph_ordered gpu_graph_checks.py 90 --probe ordered
 py_step python_graph_torch_function gpu_graph_checks.py 90 --probe torch_function
-# make_graphed_callables four ways (docs/RELIABILITY.md, CUDA graphs).
+# make_graphed_callables three ways; JAX arrays a replay overwrites (docs/RELIABILITY.md).
 py_step python_graph_callables gpu_graph_checks.py 90 --probe graphed_callables
 py_step python_graph_callables_sequential gpu_graph_checks.py 90 --probe graphed_callables --phases sequential
 py_step python_graph_callables_pure gpu_graph_checks.py 90 --probe graphed_callables --pure
-py_step python_graph_callables_cuda_async gpu_graph_checks.py 90 --probe graphed_callables --xla-allocator cuda_async
+py_step python_graph_scratch gpu_graph_checks.py 90 --probe scratch
 py_step python_graph_train gpu_graph_checks.py 120 --probe train --prune
 # The same in global mode, torch.cuda.graph's default.
 py_step python_graph_ordered_global gpu_graph_checks.py 90 --probe ordered --mode global

@@ -22,6 +22,12 @@
 //! launches done), on a thread of handoff's; a program that exits right after can wait
 //! for that with `handoff_runtime::graph::wait_released`.
 //!
+//! XLA's scratch memory is not the graph's: XLA gives an execution's scratch back to its
+//! allocator once the execution is enqueued, and every replay writes it again. An XLA
+//! output made outside the graph after the capture and still alive at a replay can sit
+//! in that memory: read it, or copy it, before the next replay (docs/RELIABILITY.md,
+//! CUDA graphs).
+//!
 //! Before the capture the step runs eagerly ([`CaptureOptions::warmup`] times, once by
 //! default), so that lazy initialisation (cuBLAS workspaces, XLA's compilation and
 //! autotuning) happens outside the graph. The capture runs on a side stream of
