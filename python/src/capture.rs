@@ -35,9 +35,10 @@ pub(crate) fn settle_for_graph(
 /// [`CaptureWarning`](errors::CaptureWarning). XLA gives a captured execution's scratch
 /// memory back to its allocator as soon as the execution is enqueued, in the order of
 /// XLA's own stream; every replay writes that memory again, on PyTorch's stream, and
-/// XLA's allocator gives it to the next arrays it makes. XLA's stream-ordered allocator
-/// (`cuda_async`), whose memory would belong to the graph, cannot allocate inside a
-/// capture at all, so no setting of JAX avoids it: the warning says what to keep apart.
+/// XLA's allocator gives it to the next arrays it makes. No allocator of JAX's avoids
+/// it: the stream-ordered one (`cuda_async`), whose memory would belong to the graph,
+/// cannot allocate inside a capture, and `vmm` makes it rarer, not gone
+/// (docs/RELIABILITY.md, CUDA graphs). The warning says what to keep apart.
 fn warn_of_scratch_reuse(py: Python<'_>) -> PyResult<()> {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if WARNED.swap(true, Ordering::Relaxed) {
