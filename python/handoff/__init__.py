@@ -47,6 +47,8 @@ back when the main thread runs Python again, or at ``handoff.flush()``.
 from __future__ import annotations
 
 import atexit as _atexit
+import sys as _sys
+
 from ._handoff import (
     DLPACK_VERSION,
     CaptureWarning,
@@ -64,6 +66,11 @@ from ._handoff import (
     to_torch,
 )
 from ._torch_function import TorchFunction, torch_function
+
+if "torch" in _sys.modules:
+    # PyTorch is in use: handoff's operators (handoff::call, handoff::call_bwd) are
+    # registered now, so that a program saved by torch.export loads.
+    from . import _torch_ops  # noqa: F401
 
 __all__ = [
     "CaptureWarning",

@@ -1,33 +1,26 @@
-"""``handoff.torch_function``: a JAX function PyTorch can train through.
+"""``handoff.torch_function``: a JAX function PyTorch can train through, as a PyTorch
+operator.
 
-The forward runs ``jax.jit`` of the function on the PyTorch tensors (handed to JAX as
-``handoff.to_jax`` does, all of one call at once: no copy, ready on JAX's stream
-through a GPU wait, given back in stream order), and returns PyTorch tensors viewing
-JAX's outputs (handed back the same way). When gradients are needed it runs a jitted ``jax.vjp`` instead, whose residuals
-stay JAX arrays on the autograd graph; the backward runs the jitted VJP on the
-cotangents. Both are compiled once per input signature.
+The layer flattens its arguments (``handoff._tree``), finds the operator key of the call
+(:func:`_program_for`: the function, its static arguments, the tensors' structure,
+dtypes and device, which need a gradient, JAX's configuration) and calls the operator
+``handoff::call`` (``handoff._torch_ops``), whose autograd formula calls
+``handoff::call_bwd``. Eager calls, ``torch.compile``, ``torch.export``, checkpointing
+and distributed wrappers all go through those two operators; the JAX side is
+``handoff._program``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import threading
 import warnings
+import weakref
 from collections import OrderedDict
-from typing import (
-    Any,
-    Callable,
-    Dict,
-    Iterable,
-    List,
-    Optional,
-    Sequence,
-    Tuple,
-    Union,
-    overload,
-)
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union, overload
 
-from ._handoff import _to_jax_many, _to_torch_many
+from . import _jax_config, _tree
+from ._program import Program
 
 __all__ = ["TorchFunction", "torch_function"]
 
@@ -38,6 +31,7 @@ def torch_function(
     *,
     static_argnums: Union[int, Iterable[int]] = (),
     cache_size: int = 64,
+    residuals: str = "save",
 ) -> "TorchFunction": ...
 
 
@@ -47,6 +41,7 @@ def torch_function(
     *,
     static_argnums: Union[int, Iterable[int]] = (),
     cache_size: int = 64,
+    residuals: str = "save",
 ) -> Callable[[Callable[..., Any]], "TorchFunction"]: ...
 
 
@@ -55,6 +50,7 @@ def torch_function(
     *,
     static_argnums: Union[int, Iterable[int]] = (),
     cache_size: int = 64,
+    residuals: str = "save",
 ) -> Any:
     """Turns the JAX function ``f`` into a function of PyTorch tensors that autograd
     differentiates (a ``torch.autograd.Function`` underneath), to call like a module's
@@ -129,19 +125,20 @@ def torch_function(
 
     Returns a :class:`TorchFunction`.
     """
+    options = dict(static_argnums=static_argnums, cache_size=cache_size, residuals=residuals)
     if f is None:
-        return lambda g: TorchFunction(g, static_argnums=static_argnums, cache_size=cache_size)
-    return TorchFunction(f, static_argnums=static_argnums, cache_size=cache_size)
+        return lambda g: TorchFunction(g, **options)
+    return TorchFunction(f, **options)
 
 
 class TorchFunction:
     """What :func:`torch_function` returns: call it with PyTorch tensors (see there).
 
-    ``traces``: how many times the wrapped function was traced (a new signature, the
-    first call with or without gradients, or, once per signature, reading which inputs
-    each output reaches when a backward gets an output without a cotangent).
-    ``signatures``: how many signatures are compiled (at most ``cache_size``). ``fun``:
-    the wrapped JAX function."""
+    ``traces``: how many times the wrapped function was traced (a new operator key or
+    new input shapes; with symbolic sizes under ``torch.compile`` too). ``signatures``:
+    how many traced input signatures are kept (at most ``cache_size``). ``executions``:
+    how many JAX programs ran for it (each forward and each backward is one; tracing by
+    ``torch.compile`` or ``torch.export`` runs none). ``fun``: the wrapped JAX function."""
 
     def __init__(
         self,
@@ -149,6 +146,7 @@ class TorchFunction:
         *,
         static_argnums: Union[int, Iterable[int]] = (),
         cache_size: int = 64,
+        residuals: str = "save",
     ) -> None:
         if not callable(f):
             raise TypeError(
@@ -162,17 +160,25 @@ class TorchFunction:
                 )
         if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
             raise ValueError(f"handoff.torch_function: cache_size must be a positive int, got {cache_size!r}")
+        if residuals not in ("save", "recompute"):
+            raise ValueError(
+                f'handoff.torch_function: residuals must be "save" or "recompute", got {residuals!r}'
+            )
         self.fun = f
+        self.residuals = residuals
         self.static_argnums = frozenset(nums)
         self.cache_size = cache_size
-        self._traces = 0
-        self._traces_lock = threading.Lock()
-        self._cache: "OrderedDict[Any, _Entry]" = OrderedDict()
-        self._lock = threading.Lock()
-        self._warned = False
         self.__name__ = getattr(f, "__name__", type(self).__name__)
         self.__doc__ = getattr(f, "__doc__", None)
         self.__wrapped__ = f
+        self._id = f"{self.__name__}#{next(_IDS)}"
+        self._programs: Dict[Any, Program] = {}
+        self._traced: "OrderedDict[Any, Program]" = OrderedDict()
+        self._lock = threading.Lock()
+        self._warned = False
+        self._traces = 0
+        self._executions = 0
+        _OWNERS[self._id] = self
 
     @property
     def traces(self) -> int:
@@ -180,14 +186,20 @@ class TorchFunction:
 
     @property
     def signatures(self) -> int:
-        return len(self._cache)
+        return len(self._traced)
+
+    @property
+    def executions(self) -> int:
+        return self._executions
 
     def __repr__(self) -> str:
         return f"handoff.torch_function({self.fun!r})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        torch, jax = _frameworks()
-        tree = jax.tree_util
+        # torch.compile traces this method: PyTorch and Python only (no JAX), the
+        # operator key from a function Dynamo keeps as a constant.
+        torch = _torch()
+        name = f"handoff.torch_function({self.__name__})"
         static: List[Tuple[int, Any]] = []
         dynamic: List[Any] = []
         positions: List[int] = []
@@ -200,96 +212,117 @@ class TorchFunction:
         for n in self.static_argnums:
             if n >= len(args):
                 raise TypeError(
-                    f"handoff.torch_function({self.__name__}): static_argnums has {n}, but "
-                    f"only {len(args)} positional arguments were given"
+                    f"{name}: static_argnums has {n}, but only {len(args)} positional arguments were given"
                 )
-        leaves, treedef = tree.tree_flatten(dynamic)
+        leaves: List[Any] = []
+        desc = _tree.flatten(dynamic, leaves)
         if not leaves:
             raise TypeError(
-                f"handoff.torch_function({self.__name__}): no tensor argument (every argument "
-                "is static): at least one torch.Tensor must be passed to choose the device"
+                f"{name}: no tensor argument (every argument is static): at least one "
+                "torch.Tensor must be passed to choose the device"
             )
-        grad_on = torch.is_grad_enabled()
         device = None
-        sig = []
-        diff = []
-        name = f"handoff.torch_function({self.__name__})"
-
-        def arg(k: int) -> str:
-            return _where(dynamic, positions, k, tree)
-
         for k, t in enumerate(leaves):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(
-                    f"{name}: {arg(k)} is a {type(t).__name__} ({t!r:.60}), not a "
-                    "torch.Tensor: pass tensors, or make the argument static "
+                    f"{name}: {_where(desc, positions, k)} is a {type(t).__name__} ({t!r:.60}), not "
+                    "a torch.Tensor: pass tensors, or make the argument static "
                     "(static_argnums, a keyword argument, or functools.partial)"
                 )
             if device is None:
                 device = t.device
                 if device.type not in ("cpu", "cuda"):
                     raise ValueError(
-                        f"{name}: {arg(k)} is on {device}; only CPU and CUDA tensors can be "
-                        "handed to JAX"
+                        f"{name}: {_where(desc, positions, k)} is on {device}; only CPU and CUDA "
+                        "tensors can be handed to JAX"
                     )
             elif t.device != device:
                 raise ValueError(
-                    f"{name}: {arg(k)} is on {t.device} but {arg(0)} is on {device}: all "
-                    "tensor arguments must be on one device"
+                    f"{name}: {_where(desc, positions, k)} is on {t.device} but "
+                    f"{_where(desc, positions, 0)} is on {device}: all tensor arguments must be "
+                    "on one device"
                 )
             if t.is_complex():
                 raise TypeError(
-                    f"{name}: {arg(k)} is {t.dtype}: complex tensors are not supported "
-                    "(PyTorch and JAX use different conventions for complex gradients)"
+                    f"{name}: {_where(desc, positions, k)} is {t.dtype}: complex tensors are not "
+                    "supported (PyTorch and JAX use different conventions for complex gradients)"
                 )
-            if t.dtype == torch.float64 and not _x64(jax):
-                raise TypeError(
-                    f"{name}: {arg(k)} is torch.float64 but JAX's x64 mode is off (JAX would "
-                    "compute in float32): jax.config.update('jax_enable_x64', True), or "
-                    "call inside `with jax.enable_x64(True):`"
-                )
-            d = grad_on and t.requires_grad and t.is_floating_point()
-            diff.append(d)
-            sig.append((tuple(t.shape), t.dtype, d))
+        grad_on = torch.is_grad_enabled()
+        # Symbolic sizes (torch.compile's dynamic shapes): the VJP's residuals can differ
+        # with the sizes, so the backward recomputes the forward instead.
+        symbolic = any(isinstance(d, torch.SymInt) for t in leaves for d in t.shape)
+        program = _program_for(
+            self._id,
+            tuple(static),
+            tuple(sorted(kwargs.items())),
+            len(args),
+            desc,
+            tuple(grad_on and t.requires_grad and t.is_floating_point() for t in leaves),
+            tuple(t.dtype for t in leaves),
+            tuple(t.dim() for t in leaves),
+            device,
+            self.residuals == "recompute" or symbolic,
+        )
+        key = program.key
+        if _exporting():
+            key = _artifact_key(program, leaves)
+        outs = torch.ops.handoff.call(key, leaves)
+        return _tree.unflatten(iter(outs[: program.n_out]), program.out_desc)
+
+    def _program(self, static, kwargs, nargs, desc, diff, dtypes, ranks, device, recompute) -> Program:
+        context = _jax_config.current()
+        whole = (static, kwargs, nargs, desc, diff, dtypes, ranks, device, context, recompute)
         try:
-            key = (treedef, tuple(sig), device, tuple(static), tuple(sorted(kwargs.items())),
-                   _trace_context())
-            hash(key)
+            found = self._programs.get(whole)
         except TypeError as e:
             self._refuse_arrays(static, kwargs)  # the clearer error, where it applies
             raise TypeError(
                 f"handoff.torch_function({self.__name__}): static arguments must be hashable "
                 f"(static positions {sorted(self.static_argnums)} and keyword arguments): {e}"
             ) from None
-        entry = self._cache.get(key)
-        if entry is None:
-            entry = self._new_entry(key, treedef, len(args), static, kwargs, diff)
-        else:
-            try:
-                self._cache.move_to_end(key)  # the most recently used (atomic under the GIL)
-            except KeyError:  # dropped by another thread meanwhile
-                pass
-        if any(diff):
-            outs = _function_class()(entry, *leaves)
-        else:
-            outs = entry.forward(leaves)
-        return tree.tree_unflatten(entry.out_treedef, outs)
-
-    def _new_entry(self, key, treedef, nargs, static, kwargs, diff) -> "_Entry":
-        # A tensor in a static argument is hashed by identity: each call is a new key,
-        # so checking new keys is enough.
+        if found is not None:
+            return found
+        # A tensor in a static argument is hashed by identity: each call is a new key, so
+        # checking new keys is enough.
         self._refuse_arrays(static, kwargs)
+        if any(str(d) == "torch.float64" for d in dtypes) and not _jax_config.x64():
+            k = next(k for k, d in enumerate(dtypes) if str(d) == "torch.float64")
+            raise TypeError(
+                f"handoff.torch_function({self.__name__}): {_where(desc, _dynamic_positions(self, nargs), k)} "
+                "is torch.float64 but JAX's x64 mode is off (JAX would compute in float32): "
+                "jax.config.update('jax_enable_x64', True), or call inside "
+                "`with jax.enable_x64(True):`"
+            )
         with self._lock:
-            entry = self._cache.get(key)
-            if entry is not None:
-                return entry
-            entry = _Entry(self, treedef, nargs, static, kwargs, diff, key[-1])
-            self._cache[key] = entry
-            if len(self._cache) <= self.cache_size:
-                return entry
-            self._cache.popitem(last=False)
-            warn = not self._warned
-            self._warned = True
+            found = self._programs.get(whole)
+            if found is None:
+                key = f"{self._id}/{len(self._programs)}"
+                found = Program(self, key, self._caller(static, kwargs, nargs, desc), diff, dtypes,
+                                ranks, device, context, recompute)
+                self._programs[whole] = found
+                _torch_ops().PROGRAMS[key] = found
+        return found
+
+    def _caller(self, static, kwargs, nargs, desc) -> Callable[[Any], Any]:
+        """The wrapped function called on a program's leaves (JAX arrays, in order)."""
+        f, static, kwargs = self.fun, dict(static), dict(kwargs)
+
+        def call(leaves):
+            self._count_trace()
+            dyn = iter(_tree.unflatten(iter(leaves), desc))
+            return f(*[static[i] if i in static else next(dyn) for i in range(nargs)], **kwargs)
+
+        return call
+
+    def _remember(self, program: Program, shapes: Any) -> None:
+        """Keeps a new trace, dropping the least recently used past ``cache_size``."""
+        with self._lock:
+            self._traced[(program.key, shapes)] = program
+            if len(self._traced) <= self.cache_size:
+                return
+            (_, old_shapes), old = self._traced.popitem(last=False)
+            old.forget(old_shapes)
+            warn, self._warned = not self._warned, True
         if warn:
             warnings.warn(
                 f"handoff.torch_function({self.__name__}) keeps retracing: more than "
@@ -297,18 +330,24 @@ class TorchFunction:
                 "JAX configuration); the least recently used are dropped and compiled again "
                 "when they come back",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=5,
             )
-        return entry
+
+    def _touch(self, program: Program, shapes: Any) -> None:
+        try:
+            self._traced.move_to_end((program.key, shapes))  # atomic under the GIL
+        except KeyError:  # dropped by another thread meanwhile
+            pass
 
     def _refuse_arrays(self, static, kwargs) -> None:
         """A static argument holding a tensor or an array is refused (it would be hashed
         by identity, retrace on every call and be baked into the program as a constant)."""
-        torch, jax = _frameworks()
+        import jax
         import numpy as np
 
+        torch = _torch()
         named = [(f"argument {i}", v) for i, v in static]
-        named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        named += [(f"keyword argument {k!r}", v) for k, v in kwargs]
         for where, value in named:
             for leaf in jax.tree_util.tree_leaves(value):
                 if isinstance(leaf, (torch.Tensor, np.ndarray, jax.Array)):
@@ -321,300 +360,72 @@ class TorchFunction:
                     )
 
     def _count_trace(self) -> None:
-        with self._traces_lock:
+        with self._lock:
             self._traces += 1
 
-
-class _Entry:
-    """The compiled functions of one signature."""
-
-    def __init__(self, owner, treedef, nargs, static, kwargs, diff, context) -> None:
-        torch, jax = _frameworks()
-        self.owner = owner
-        self.context = context  # JAX's configuration at the forward (its trace context)
-        self.diff = tuple(diff)
-        self.diff_idx = tuple(i for i, d in enumerate(diff) if d)
-        self.nondiff_idx = tuple(i for i, d in enumerate(diff) if not d)
-        self.out_treedef = None
-        self.out_float: Tuple[bool, ...] = ()
-        self.out_meta: Tuple[Tuple[Tuple[int, ...], Any], ...] = ()
-        # Per pattern of missing cotangents: the jitted VJP and the unreached inputs.
-        self._bwds: Dict[Tuple[bool, ...], Tuple[Any, Tuple[int, ...]]] = {}
-        self._reach: Optional[List[frozenset]] = None
-        self._in_avals: Optional[List[Any]] = None
-        f = owner.fun
-        tree = jax.tree_util
-        static = dict(static)
-        kwargs = dict(kwargs)
-
-        def call(leaves):
-            owner._count_trace()
-            dyn = iter(tree.tree_unflatten(treedef, list(leaves)))
-            args = [static[i] if i in static else next(dyn) for i in range(nargs)]
-            return f(*args, **kwargs)
-
-        def fwd_plain(*leaves):
-            return call(leaves)
-
-        diff_idx, nondiff_idx = self.diff_idx, self.nondiff_idx
-        n = len(diff)
-
-        def fwd_vjp(diff_leaves, nondiff_leaves):
-            def g(*d):
-                leaves = [None] * n
-                for i, x in zip(diff_idx, d):
-                    leaves[i] = x
-                for i, x in zip(nondiff_idx, nondiff_leaves):
-                    leaves[i] = x
-                return call(leaves)
-
-            return jax.vjp(g, *diff_leaves)
-
-        self._call = call
-        self._fwd_plain = jax.jit(fwd_plain)
-        self._fwd_vjp = jax.jit(fwd_vjp)
-
-    def _outputs(self, out, inputs, keep=None):
-        """JAX outputs to PyTorch tensors; records the output structure once. Inside a
-        CUDA graph capture, ``keep`` (the VJP's residuals) is kept with the graph, as the
-        outputs are: a captured backward reads them at every replay."""
-        torch, jax = _frameworks()
-        leaves, treedef = jax.tree_util.tree_flatten(out)
-        if self.out_treedef is None:
-            self.out_treedef = treedef
-            self.out_meta = tuple((tuple(y.shape), y.dtype) for y in leaves)
-            self.out_float = tuple(_is_float(jax, y.dtype) for y in leaves)
-        outs = _to_torch_many(leaves, keep)
-        ptrs = None
-        for i, t in enumerate(outs):
-            if t.numel():
-                if ptrs is None:
-                    ptrs = {x.data_ptr() for x in inputs if x.numel()}
-                if t.data_ptr() in ptrs:
-                    outs[i] = t.clone()  # f returned an input: do not alias it
-        return tuple(outs)
-
-    def forward(self, tensors):
-        xs = _to_jax_many(tensors)
-        return self._outputs(self._fwd_plain(*xs), tensors)
-
-    def forward_vjp(self, tensors):
-        xs = _to_jax_many(tensors)
-        if self._in_avals is None:
-            _, jax = _frameworks()
-            self._in_avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
-        out, vjp = self._fwd_vjp(
-            [xs[i] for i in self.diff_idx], [xs[i] for i in self.nondiff_idx]
-        )
-        return self._outputs(out, tensors, vjp), vjp
-
-    def backward(self, vjp, cts):
-        """The gradients of the differentiable inputs (JAX arrays; ``None`` for an input
-        that no output with a cotangent reaches), run under the forward's configuration."""
-        missing = tuple(ct is None for ct in cts)
-        with _configuration(self.context):
-            found = self._bwds.get(missing)
-            if found is None:
-                found = self._bwds.setdefault(missing, self._make_bwd(missing))
-            bwd, unreached = found
-            float_cts = _to_jax_many(
-                [ct for fl, ct, m in zip(self.out_float, cts, missing) if fl and not m]
-            )
-            grads = list(bwd(vjp, float_cts))
-            for k in unreached:
-                grads[k] = None
-            return grads
-
-    def _make_bwd(self, missing):
-        """The jitted VJP for cotangents where ``missing`` says which are absent (zeros of
-        the output's shape and dtype stand in for them; ``float0`` for integer outputs),
-        and the positions among the gradients of the inputs that no present cotangent
-        reaches (they get ``None``)."""
-        import numpy as np
-
-        unreached: Tuple[int, ...] = ()
-        if any(missing):
-            used = frozenset().union(*(r for r, m in zip(self.reaches(), missing) if not m))
-            unreached = tuple(k for k, i in enumerate(self.diff_idx) if i not in used)
-        _, jax = _frameworks()
-        treedef, meta, is_float = self.out_treedef, self.out_meta, self.out_float
-        float0 = jax.dtypes.float0
-
-        def bwd(vjp, float_cts):
-            it = iter(float_cts)
-            full = [
-                (jax.numpy.zeros(shape, dtype) if m else next(it)) if fl else np.zeros(shape, float0)
-                for (shape, dtype), fl, m in zip(meta, is_float, missing)
-            ]
-            return vjp(jax.tree_util.tree_unflatten(treedef, full))
-
-        return jax.jit(bwd), unreached
-
-    def reaches(self) -> List[frozenset]:
-        """For each output, the inputs (indices of the tensor leaves) it depends on, read
-        from the function's jaxpr once: every equation's outputs depend on all its
-        inputs (an over-approximation inside control flow, never an under-one)."""
-        if self._reach is None:
-            _, jax = _frameworks()
-            call = self._call
-            closed = jax.make_jaxpr(lambda *leaves: call(leaves))(*self._in_avals)
-            self._reach = _dependencies(closed.jaxpr)
-        return self._reach
+    def _count_execution(self) -> None:
+        self._executions += 1  # a statistic: racing increments may lose a count
 
 
-def _dependencies(jaxpr) -> List[frozenset]:
-    """Which of ``jaxpr``'s inputs each of its outputs depends on."""
-    deps: Dict[Any, frozenset] = {v: frozenset((i,)) for i, v in enumerate(jaxpr.invars)}
-    none: frozenset = frozenset()
-
-    def of(v):
-        return none if type(v).__name__ == "Literal" else deps.get(v, none)
-
-    for eqn in jaxpr.eqns:
-        d = none.union(*(of(v) for v in eqn.invars))
-        for o in eqn.outvars:
-            deps[o] = d
-    return [of(v) for v in jaxpr.outvars]
+_IDS = itertools.count()
+#: Every live TorchFunction by its id (the first part of its operator keys).
+_OWNERS: "weakref.WeakValueDictionary[str, TorchFunction]" = weakref.WeakValueDictionary()
 
 
-_FUNCTION = None
+def _program_for(fid, static, kwargs, nargs, desc, diff, dtypes, ranks, device, recompute) -> Program:
+    """The :class:`Program` (operator key) of a call. ``torch.compile`` calls this while
+    it traces and keeps the result as a constant of the graph (so JAX's configuration at
+    that time is the graph's); every argument is a Python constant that Dynamo guards
+    on."""
+    return _OWNERS[fid]._program(static, kwargs, nargs, desc, diff, dtypes, ranks, device, recompute)
 
 
-def _function_class():
-    """The ``torch.autograd.Function`` (made on first use: torch is imported lazily)."""
-    global _FUNCTION
-    if _FUNCTION is not None:
-        return _FUNCTION.apply
-    torch, jax = _frameworks()
-    class JaxFunction(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, entry, *tensors):
-            outs, vjp = entry.forward_vjp(tensors)
-            ctx.entry = entry
-            # The residuals: JAX arrays, freed with the autograd graph (a captured
-            # forward's: with the CUDA graph too).
-            ctx.vjp = vjp
-            # Saved only to have PyTorch check that no input was modified in place
-            # before the backward (the residuals may view the inputs' memory).
-            ctx.save_for_backward(*tensors)
-            nondiff = [t for t, fl in zip(outs, entry.out_float) if not fl]
-            if nondiff:
-                ctx.mark_non_differentiable(*nondiff)
-            # An output the loss does not use gets None, not zeros: the backward tells
-            # which inputs no used output reaches (they get None, as in PyTorch).
-            ctx.set_materialize_grads(False)
-            return outs
-
-        @staticmethod
-        def backward(ctx, *cts):
-            entry = ctx.entry
-            if torch.is_grad_enabled():
-                raise RuntimeError(
-                    f"handoff.torch_function({entry.owner.__name__}): double backward "
-                    "(create_graph=True through a JAX function) is not supported"
-                )
-            ctx.saved_tensors  # raises if an input was modified in place since
-            grads = entry.backward(ctx.vjp, cts)
-            crossed = iter(_to_torch_many([g for g in grads if g is not None]))
-            result: List[Any] = [None] * len(entry.diff)
-            for i, g in zip(entry.diff_idx, grads):
-                result[i] = None if g is None else next(crossed)
-            return (None, *result)
-
-    JaxFunction.__name__ = JaxFunction.__qualname__ = "JaxFunction"
-    _FUNCTION = JaxFunction
-    return JaxFunction.apply
+_program_for._dynamo_marked_constant = True  # torch._dynamo.assume_constant_result
 
 
-def _trace_context():
-    """JAX's configuration in force on this thread, as JAX keys its jit cache on it."""
-    return _config()[0]()
+def _exporting() -> bool:
+    """Whether ``torch.export`` is tracing. (Dynamo answers ``torch.compiler.is_exporting()``
+    with True under ``torch.compile`` too; it calls this function instead and keeps its
+    result.)"""
+    return bool(_torch().compiler._is_exporting_flag)
 
 
-def _configuration(context):
-    """A context manager that runs its body under the JAX configuration ``context`` (a
-    ``_trace_context()``): each configuration option in it that differs on this thread is
-    set here for the body, and restored after. Nothing is done where they agree."""
-    trace_context, states = _config()
-    if trace_context() == context:
-        return contextlib.nullcontext()
-    return _Configured([(s, v) for s, v in zip(states, context) if s is not None and s.value != v])
+_exporting._dynamo_marked_constant = True  # torch._dynamo.assume_constant_result
 
 
-class _Configured:
-    """Sets JAX configuration states on this thread, as their own context managers do
-    (``swap_local`` and the thread-local hook), for the body of a ``with``."""
+def _artifact_key(program: Program, leaves: List[Any]) -> str:
+    """While ``torch.export`` traces: the key that holds the function itself."""
+    from . import _artifact
 
-    def __init__(self, settings):
-        self.settings = settings
-        self.previous: List[Any] = []
-
-    def __enter__(self):
-        for state, value in self.settings:
-            self.previous.append(state.swap_local(value))
-            hook = state._update_thread_local_hook
-            if hook is not None:
-                hook(value)
-
-    def __exit__(self, *exc):
-        from jax._src import config as jc
-
-        for (state, _), prev in zip(reversed(self.settings), reversed(self.previous)):
-            state.set_local(prev)
-            hook = state._update_thread_local_hook
-            if hook is not None:
-                hook(None if prev is jc.config_ext.unset else prev)
-        self.previous.clear()
-        return False
+    return _artifact.key_for(program, leaves)
 
 
-_CONFIG = None
-
-
-def _config():
-    """``(trace_context, states)``: JAX's function that reads the configuration its jit
-    cache is keyed on, and for each of its entries the configuration state that can set
-    it on a thread (``None`` for the entries that are not plain options, such as the
-    mesh context)."""
-    global _CONFIG
-    if _CONFIG is None:
-        from jax._src import config as jc
-
-        try:
-            names = jc.trace_context_names()
-        except NotImplementedError:  # jaxlib before extension 455: nothing can be set
-            names = []
-        _CONFIG = (jc.trace_context, [jc.config_states.get(n) for n in names])
-    return _CONFIG
-
-
-def _is_float(jax, dtype) -> bool:
-    return bool(jax.numpy.issubdtype(dtype, jax.numpy.inexact))
-
-
-def _x64(jax) -> bool:
-    import numpy as np
-
-    return jax.dtypes.canonicalize_dtype(np.float64) == np.float64
-
-
-def _where(dynamic: Sequence[Any], positions: Sequence[int], k: int, tree) -> str:
+def _where(desc: Any, positions: List[int], k: int) -> str:
     """Names the k-th tensor leaf: its positional argument and, in a pytree, its path."""
-    path, _ = tree.tree_flatten_with_path(list(dynamic))[0][k]
-    head, rest = path[0], path[1:]
-    pos = positions[getattr(head, "idx", 0)]
-    return f"argument {pos}" + "".join(str(p) for p in rest)
+    path = _tree.paths(desc)[k]
+    i, rest = path[1:].split("]", 1)
+    return f"argument {positions[int(i)]}{rest}"
 
 
-_MODULES = None
+def _dynamic_positions(owner: TorchFunction, nargs: int) -> List[int]:
+    return [i for i in range(nargs) if i not in owner.static_argnums]
 
 
-def _frameworks():
-    global _MODULES
-    if _MODULES is None:
-        import jax
-        import jax.dlpack
+_TORCH = None
+
+
+def _torch():
+    global _TORCH
+    if _TORCH is None:
         import torch
 
-        _MODULES = (torch, jax)
-    return _MODULES
+        from . import _torch_ops  # noqa: F401 - registers handoff::call and handoff::call_bwd
+
+        _TORCH = torch
+    return _TORCH
+
+
+def _torch_ops():
+    from . import _torch_ops
+
+    return _torch_ops

@@ -289,6 +289,11 @@ def test_every_exchange_goes_through_handoff_and_is_released():
     h, w = torch.randn(4, 6, requires_grad=True), torch.randn(6, 2, requires_grad=True)
     args = [h, torch.ones(6), torch.zeros(6), w]
     fn(*args).sum().backward()  # compile outside the counted window
+    (program,) = fn._programs.values()
+    (traced,) = program._traced.values()
+    residuals = len(traced.res_avals)
+    saved = len(traced.saved_in) + len(traced.saved_out) + residuals
+    assert residuals > 0 and saved > residuals
     handoff.flush()
     before = handoff.stats()
     y = fn(*args)
@@ -297,22 +302,26 @@ def test_every_exchange_goes_through_handoff_and_is_released():
     del y
     handoff.flush()
     after = handoff.stats()
-    # Forward: 4 inputs to JAX + 1 output to PyTorch; backward: 1 cotangent to JAX +
-    # 2 gradients (only h and w require grad) to PyTorch.
-    assert mid["imports"] - before["imports"] == 5
-    assert after["imports"] - mid["imports"] == 3
+    # Forward: 4 inputs to JAX, then the output and the VJP's new residuals to PyTorch;
+    # backward: what it reads (residual inputs and outputs, new residuals) and 1
+    # cotangent to JAX, then 2 gradients (only h and w require grad) to PyTorch.
+    assert mid["imports"] - before["imports"] == 4 + 1 + residuals
+    assert after["imports"] - mid["imports"] == saved + 1 + 2
     assert after["host_syncs"] == before["host_syncs"]
     assert after["pending"] == 0
 
 
-def test_output_modified_in_place_leaves_the_residuals_alone():
-    """tanh's VJP keeps tanh(x) as its residual: the output handed to PyTorch is another
-    buffer, so writing into the output does not change the gradient."""
+def test_an_output_that_is_a_residual_modified_in_place_is_refused():
+    """tanh's VJP keeps tanh(x) as its residual: the backward reads the output PyTorch
+    holds (one buffer, not two), so writing into it before the backward raises PyTorch's
+    usual error instead of giving a wrong gradient. Without the change it is right."""
     fn = handoff.torch_function(jnp.tanh)
     x = torch.randn(5, requires_grad=True)
     y = fn(x)
     y.add_(100.0)
-    y.sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    fn(x).sum().backward()
     torch.testing.assert_close(x.grad, 1 - torch.tanh(x.detach()) ** 2)
 
 

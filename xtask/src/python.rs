@@ -42,6 +42,8 @@ pub const PINS: &[&str] = &[
     "scipy==1.17.1",
     "hypothesis==6.155.2",
     "sortedcontainers==2.4.0",
+    // jax.export's serialization (torch.export of a torch_function layer).
+    "flatbuffers==25.12.19",
 ];
 
 /// PyTorch for the Python tests (on the CPU), installed with `--no-deps`: PyPI's
