@@ -179,6 +179,7 @@ class TorchFunction:
         self._traces = 0
         self._executions = 0
         _OWNERS[self._id] = self
+        _torch()  # registers the operators
 
     @property
     def traces(self) -> int:
@@ -198,7 +199,7 @@ class TorchFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # torch.compile traces this method: PyTorch and Python only (no JAX), the
         # operator key from a function Dynamo keeps as a constant.
-        torch = _torch()
+        import torch
         name = f"handoff.torch_function({self.__name__})"
         static: List[Tuple[int, Any]] = []
         dynamic: List[Any] = []
