@@ -38,7 +38,13 @@ The variants (``--variants``):
                      its outputs already JAX arrays, the step is the JAX layer's forward
                      (a jitted ``jax.vjp``, its residuals returned) and its VJP (jitted),
                      driven from Python as ``handoff.torch_function`` drives them: what a
-                     crossing cannot go below. Its ratio is to the whole PyTorch step.
+                     crossing cannot go below. Its ratio is to the whole PyTorch step,
+  torch_compiled     not run by default: the torch model as a ``torch.nn.Module`` (its
+                     forward the loss) under ``torch.compile(model, mode=--compile-mode,
+                     dynamic=False)``; ``loss.backward()`` (which runs the compiled
+                     backward) and the SGD step called as in the others,
+  handoff_compiled   not run by default: the same with handoff's layer (the operators
+                     ``handoff::call`` / ``handoff::call_bwd`` in the compiled graphs).
 
 Figures (JSON lines, then a markdown table, then ``{"figure": "result", ...}``):
 
@@ -54,7 +60,23 @@ Figures (JSON lines, then a markdown table, then ``{"figure": "result", ...}``):
   enqueued behind 50 ms of queued GPU work, and ``blocked`` (that step waited for the
   GPU: over 40 ms, or the stream idle after it); for handoff ``host_syncs``, handoff's
   own count over the timed steps (on the CPU too), and ``routes``. A variant that raises
-  gets its row with ``error`` (the exception) instead of figures.
+  gets its row with ``error`` (the exception) instead of figures. The compiled variants
+  (compiled afresh for each size and dtype, ``torch._dynamo.reset()`` first) also give
+  ``graph_breaks`` (``torch._dynamo.utils.counters["graph_break"]`` over their gradient
+  agreement, warm-up and timed steps) and ``compile_mode``; ``handoff_compiled`` gives
+  ``ratio_to_handoff`` (to the eager handoff row, ``target`` 1.0 at host-bound sizes,
+  1.05 at GPU-bound ones, and ``met``), ``ratio_to_torch_compiled``, and, as handoff
+  does, ``host_syncs`` and ``jax_executions_per_step`` (the layer's ``executions``).
+- ``reduce_overhead`` (``--reduce-overhead-check``, CUDA only: a ``skipped`` line on the
+  CPU): the MLP (its first size, float32), one model through handoff and one in PyTorch,
+  each trained ``RO_STEPS`` (100) SGD steps eagerly and, from the same values, as
+  ``torch.compile(model, mode="reduce-overhead")`` (CUDA graphs split around handoff's
+  operators, which are ``cudagraph_unsafe``): ``max_rel_diff``, the largest relative L2
+  difference of a parameter between the two runs (at most ``RO_TOL``), ``moved`` (the
+  largest relative change of a parameter over the training, at least 100 times
+  ``RO_TOL``, else the comparison proves nothing), ``graph_breaks``, the inductor's
+  ``cudagraph_*`` counters, then ms per step of the compiled handoff model and of the
+  compiled PyTorch one after those steps, and their ratio.
 - ``grad_agreement``: the loss and the gradients of every parameter after one step,
   against ``jax.grad`` of the same loss in pure JAX, in float32 with "highest" matmul
   precision on both sides (TF32 off), from the same parameter values: relative L2 error
@@ -78,14 +100,15 @@ Figures (JSON lines, then a markdown table, then ``{"figure": "result", ...}``):
   each label, their ratio (target at most 1.03), and the ratio of their ratios to
   PyTorch in the same runs (which takes out a drift of the machine between runs).
 
-Checks that fail the run (exit 1): torch's, handoff's and the floor's runs (an error),
-torch's and handoff's gradient agreement, handoff's lifetime trials (all right),
-handoff's host syncs (0) and unblocked step on CUDA, ``device_follows``, and with
-``--route public`` a ``handoff.routes()`` that is not public both ways. jax2torch's and
-torch-jax-interop's figures are reported, never fail the run. Without CUDA (or JAX's GPU
-backend) the default ``--device cuda`` prints ``SKIPPED: <reason>`` and exits 0 (1 with
-``HANDOFF_REQUIRE_GPU=1``); ``--device cpu`` runs the timings and the gradient agreement
-on the CPU.
+Checks that fail the run (exit 1): the runs of torch, handoff, the floor and the
+compiled variants (an error) and their gradient agreement, the compiled variants' graph
+breaks (0), the reduce-overhead check (both models), handoff's lifetime trials (all
+right), handoff's and handoff_compiled's host syncs (0), handoff's unblocked step on
+CUDA, ``device_follows``, and with ``--route public`` a ``handoff.routes()`` that is not
+public both ways. jax2torch's and torch-jax-interop's figures and the targets are
+reported, never fail the run. Without CUDA (or JAX's GPU backend) the default ``--device
+cuda`` prints ``SKIPPED: <reason>`` and exits 0 (1 with ``HANDOFF_REQUIRE_GPU=1``);
+``--device cpu`` runs the timings and the gradient agreement on the CPU.
 
 ``--route public|auto`` calls ``handoff._handoff._set_route(route)`` first when this
 handoff has it (a note says so when it does not).
@@ -94,6 +117,9 @@ handoff has it (a note says so when it does not).
     python3 bench/train_three_way.py --device cpu --small --route public
     python3 bench/train_three_way.py --label prev --bound gpu --variants torch handoff --trials 0
     python3 bench/train_three_way.py --ab out/gpu-logs/train_three_way_ab_*.log
+    python3 bench/train_three_way.py --device cpu --small --variants torch handoff torch_compiled handoff_compiled
+    python3 bench/train_three_way.py --reduce-overhead-check --compile-mode reduce-overhead \
+        --variants torch_compiled handoff_compiled --trials 0
 """
 
 import faulthandler
@@ -115,7 +141,13 @@ EPS = 1e-5
 ENT_WEIGHT = 0.1  # the attention entropy's weight in the attention model's loss
 QUEUED_MS = 50.0
 CHURN = 24  # same-size JAX buffers filled with NaN per phase of a lifetime trial
-VARIANTS = ("torch", "jax2torch", "torch_jax_interop", "handoff", "floor")
+VARIANTS = ("torch", "jax2torch", "torch_jax_interop", "handoff", "floor")  # the default
+# Every variant, in run order: each ratio's base (torch, handoff) before what is compared.
+ALL_VARIANTS = ("torch", "torch_compiled", "jax2torch", "torch_jax_interop", "handoff",
+                "handoff_compiled", "floor")
+COMPILED = {"torch_compiled": "torch", "handoff_compiled": "handoff"}  # -> the eager layer
+COMPILED_TARGET = {"host": 1.0, "gpu": 1.05}  # handoff_compiled's step over eager handoff's
+RO_STEPS, RO_TOL, RO_LR = 100, 1e-4, 5e-2  # --reduce-overhead-check
 REPORTED_ONLY = ("jax2torch", "torch_jax_interop")  # their figures never fail the run
 MODELS = ("mlp", "attn")
 TOL = {"f32": 1e-4, "bf16": 5e-2}
@@ -161,10 +193,14 @@ def parse_args():
     ap.add_argument(
         "--variants",
         nargs="+",
-        choices=VARIANTS + ("tji",),
+        choices=ALL_VARIANTS + ("tji",),
         default=list(VARIANTS),
-        help="tji is short for torch_jax_interop",
+        help="tji is short for torch_jax_interop (default: all but the compiled ones)",
     )
+    ap.add_argument("--compile-mode", choices=["default", "reduce-overhead"], default="default",
+                    help="torch.compile's mode for the compiled variants")
+    ap.add_argument("--reduce-overhead-check", action="store_true",
+                    help="CUDA: also the reduce_overhead check (see the module docs)")
     ap.add_argument(
         "--graph",
         action="store_true",
@@ -190,7 +226,7 @@ def parse_args():
     ap.add_argument("--timeout", type=float, default=float(os.environ.get("HANDOFF_GPU_TIMEOUT", "500")))
     args = ap.parse_args()
     args.variants = list(dict.fromkeys("torch_jax_interop" if v == "tji" else v for v in args.variants))
-    args.variants = [v for v in VARIANTS if v in args.variants]  # torch first: the ratios
+    args.variants = [v for v in ALL_VARIANTS if v in args.variants]  # bases first: the ratios
     small = args.small
     args.warmup = args.warmup if args.warmup is not None else (2 if small else 10)
     args.steps = args.steps if args.steps is not None else (3 if small else 20)
@@ -285,12 +321,15 @@ def main():
                 if cuda:
                     torch.cuda.empty_cache()
 
+    if args.reduce_overhead_check:
+        reduce_overhead_check(torch, handoff, models["mlp"], args, dev, cuda, sync)
+
     if cuda and "handoff" in args.variants and "mlp" in layers:
         device_follows(torch, jax, layers["mlp"]["handoff"])
 
     lifetimes = {}
     if cuda and args.trials > 0 and "mlp" in layers:
-        crossing = [v for v in args.variants if v != "floor"]
+        crossing = [v for v in args.variants if v in layers["mlp"]]
         lifetimes = lifetime_checks(
             torch, jax, jnp, models["mlp"], layers["mlp"], crossing, args.trials, sleep_cycles, dev
         )
@@ -311,6 +350,7 @@ def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, d
     x, tgt = m.make_data(torch, dims, dev, tdt)
     ref = jax_reference(jax, jnp, m, init, x, tgt)
     base_ms = base_graph_ms = None
+    cell_ms = {}  # variant -> its ms per step here (the compiled variants' ratios)
     rows = []
     for v in args.variants:
         row = {"model": m.name, "variant": v, "dtype": dt, "size": size, "bound": bound}
@@ -324,11 +364,18 @@ def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, d
                 emit(figure="step", **row)
                 rows.append(row)
                 continue
-            layer = layers[v]
+            layer = layers[COMPILED.get(v, v)]
             if isinstance(layer, Unavailable):
                 raise layer
-            grad_agreement(torch, jax, m, layer, init, x, tgt, tdt, ref, row, sync)
-            timing(torch, handoff, m, layer, init, x, tgt, tdt, args, row, sync, cuda, sleep_cycles)
+            build = model_builder(torch, m, layer, v, args.compile_mode)
+            if v in COMPILED:
+                torch._dynamo.reset()  # compiled afresh for this size and dtype
+                breaks = graph_breaks()
+            grad_agreement(torch, jax, m, build, init, x, tgt, tdt, ref, row, sync)
+            timing(torch, handoff, layer, build, init, x, tgt, tdt, args, row, sync, cuda, sleep_cycles)
+            if v in COMPILED:
+                row["graph_breaks"] = graph_breaks() - breaks
+                row["compile_mode"] = args.compile_mode
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"[:2000]
             print(f"{v} {m.name} {dt} {size}: {row['error']}", flush=True)
@@ -340,6 +387,7 @@ def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, d
             rows.append(row)
             continue
         ms = row["ms_per_step"]
+        cell_ms[v] = ms
         base_ms = ms if v == "torch" else base_ms
         if "ms_per_step_graph" in row:
             base_graph_ms = row["ms_per_step_graph"] if v == "torch" else base_graph_ms
@@ -348,6 +396,17 @@ def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, d
                 row["graph_target"] = GRAPH_TARGET
                 row["graph_met"] = row["graph_ratio_to_torch_graph"] <= GRAPH_TARGET
         row["ratio_to_torch"] = round(ms / base_ms, 3) if base_ms else None
+        if v in COMPILED:
+            check(row["graph_breaks"] == 0, f"{v} {m.name} {dt} {size}: {row['graph_breaks']} graph breaks")
+        if v == "handoff_compiled":
+            row["routes"] = routes
+            if cell_ms.get("handoff"):
+                row["ratio_to_handoff"] = round(ms / cell_ms["handoff"], 3)
+                row["target"] = COMPILED_TARGET[bound]
+                row["met"] = row["ratio_to_handoff"] <= row["target"]
+            if cell_ms.get("torch_compiled"):
+                row["ratio_to_torch_compiled"] = round(ms / cell_ms["torch_compiled"], 3)
+            check(row["host_syncs"] == 0, f"{v} {m.name} {dt} {size}: {row['host_syncs']} host syncs")
         if v == "handoff":
             row["routes"] = routes
             if bound == "host" and row["ratio_to_torch"] is not None:
@@ -361,11 +420,61 @@ def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, d
     return rows
 
 
-def grad_agreement(torch, jax, m, layer, init, x, tgt, tdt, ref, row, sync):
+def model_builder(torch, m, layer, variant, mode):
+    """``build(init, tdt) -> (params, forward)``: the model's parameters (copies of
+    ``init`` in ``tdt``, requiring grad) and ``forward(x, tgt)``, the loss through
+    ``layer``. For a compiled variant the model is a ``torch.nn.Module`` holding the
+    parameters, ``forward`` that module under ``torch.compile(mode=mode, dynamic=False)``."""
+    if variant not in COMPILED:
+
+        def build(init, tdt):
+            params = [p.detach().to(tdt, copy=True).requires_grad_() for p in init]
+            return params, lambda x, tgt: m.loss(layer(*m.front(params, x)), tgt)
+
+        return build
+
+    class Model(torch.nn.Module):
+        def __init__(self, init, tdt):
+            super().__init__()
+            for n, p in zip(m.names, init):
+                setattr(self, n, torch.nn.Parameter(p.detach().to(tdt, copy=True)))
+
+        def forward(self, x, tgt):
+            return m.loss(layer(*m.front([getattr(self, n) for n in m.names], x)), tgt)
+
+    def build(init, tdt):
+        model = Model(init, tdt)
+        return [getattr(model, n) for n in m.names], torch.compile(model, mode=mode, dynamic=False)
+
+    return build
+
+
+def graph_breaks():
+    """Dynamo's graph breaks so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def sgd_step(torch, params, forward, x, tgt, lr=1e-3):
+    """A training step: the loss (``forward(x, tgt)``), its gradients, an SGD update."""
+    opt = torch.optim.SGD(params, lr=lr, foreach=True)
+
+    def step():
+        loss = forward(x, tgt)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def grad_agreement(torch, jax, m, build, init, x, tgt, tdt, ref, row, sync):
     """One step's loss and gradients from the same values, against jax.grad's."""
-    params = [p.detach().to(tdt, copy=True).requires_grad_() for p in init]
+    params, forward = build(init, tdt)
     with jax.default_matmul_precision("highest"):
-        loss = m.loss(layer(*m.front(params, x)), tgt)
+        loss = forward(x, tgt)
         loss.backward()
     sync()
     errs = {n: rel_err(p.grad, r) for n, p, r in zip(m.names, params, ref["grads"])}
@@ -390,27 +499,22 @@ def grad_agreement(torch, jax, m, layer, init, x, tgt, tdt, ref, row, sync):
     row["grad_ok"] = ok
 
 
-def timing(torch, handoff, m, layer, init, x, tgt, tdt, args, row, sync, cuda, sleep_cycles):
-    params = [p.detach().to(tdt, copy=True).requires_grad_() for p in init]
-    opt = torch.optim.SGD(params, lr=1e-3, foreach=True)
-
-    def step():
-        loss = m.loss(layer(*m.front(params, x)), tgt)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
-
+def timing(torch, handoff, layer, build, init, x, tgt, tdt, args, row, sync, cuda, sleep_cycles):
+    params, forward = build(init, tdt)
+    step = sgd_step(torch, params, forward, x, tgt)
     for _ in range(args.warmup):
         step()
     sync()
     before = handoff.stats()
+    runs = getattr(layer, "executions", None)
     ms = harness.median_ms(step, args.steps, reps=args.reps, sync=sync)
     after = handoff.stats()
     row["ms_per_step"] = round(ms, 4)
-    if row["variant"] == "handoff":
+    if row["variant"] in ("handoff", "handoff_compiled"):
         for k in ("host_syncs", "waits_enqueued", "releases_deferred"):
             row[k] = after[k] - before[k]
+        if runs is not None:
+            row["jax_executions_per_step"] = round((layer.executions - runs) / (args.steps * args.reps), 2)
     if cuda and args.graph and row["variant"] in GRAPHED:
         row["ms_per_step_graph"] = round(graph_ms(torch, handoff, step, args, sync), 4)
     if cuda:
@@ -440,6 +544,57 @@ def graph_ms(torch, handoff, step, args, sync):
     del graph
     sync()
     return ms
+
+
+def reduce_overhead_check(torch, handoff, m, args, dev, cuda, sync):
+    """--reduce-overhead-check (see the module docs): for PyTorch's layer, then handoff's,
+    the MLP trained eagerly and under torch.compile(mode="reduce-overhead") from the same
+    values; the parameters compared, then the compiled steps timed."""
+    from torch._dynamo.utils import counters
+
+    if not cuda:
+        emit(figure="reduce_overhead", skipped="CUDA only (CUDA graphs)")
+        notes.append("reduce_overhead: CUDA only (CUDA graphs); not run")
+        return
+    size = (args.mlp_sizes or DEFAULT_SIZES[("mlp", args.device)])[0]
+    dims = m.parse(size)
+    init = m.make_params(torch, dims, dev)
+    x, tgt = m.make_data(torch, dims, dev, torch.float32)
+    want = [p.cpu().numpy() for p in init]
+    torch_ms = None
+    for v, layer in (("torch", m.layer_torch), ("handoff", handoff.torch_function(m.layer_jax))):
+        row = {"model": "mlp", "variant": v, "dtype": "f32", "size": size, "steps": RO_STEPS, "lr": RO_LR}
+        try:
+            torch._dynamo.reset()
+            breaks, inductor = graph_breaks(), dict(counters["inductor"])
+            final = {}
+            for mode in ("eager", "reduce-overhead"):
+                name = v if mode == "eager" else v + "_compiled"
+                params, forward = model_builder(torch, m, layer, name, mode)(init, torch.float32)
+                step = sgd_step(torch, params, forward, x, tgt, lr=RO_LR)
+                for _ in range(RO_STEPS):
+                    step()
+                sync()
+                final[mode] = [p.detach().clone() for p in params]
+            diff = worst_of([rel_err(a, b.cpu().numpy()) for a, b in zip(final["reduce-overhead"], final["eager"])])
+            moved = max(rel_err(a, w) for a, w in zip(final["eager"], want))
+            row.update(max_rel_diff=jnum(diff), tol=RO_TOL, moved=jnum(moved), graph_breaks=graph_breaks() - breaks)
+            row.update({k: n - inductor.get(k, 0) for k, n in counters["inductor"].items() if "cudagraph" in k})
+            ms = harness.median_ms(step, args.steps, reps=args.reps, sync=sync)  # the compiled step
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+            emit(figure="reduce_overhead", **row)
+            check(False, f"reduce_overhead {v}: raised {row['error'][:300]}")
+            continue
+        row["ms_per_step"] = round(ms, 4)
+        torch_ms = ms if v == "torch" else torch_ms
+        if v == "handoff" and torch_ms:
+            row["ratio_to_torch"] = round(ms / torch_ms, 3)
+        row["ok"] = diff <= RO_TOL and moved >= 100 * RO_TOL and row["graph_breaks"] == 0
+        emit(figure="reduce_overhead", **row)
+        check(row["ok"], f"reduce_overhead {v}: compiled against eager parameters: rel diff {diff:.3g} "
+              f"(tol {RO_TOL}), moved {moved:.3g} (at least {100 * RO_TOL}), {row['graph_breaks']} graph breaks")
 
 
 def time_floor(torch, jax, jnp, m, init, x, tdt, args):
@@ -947,7 +1102,12 @@ def table(rows, lifetimes, versions, routes):
                 "| - | - | - | - | - | - |"
             )
             continue
+        if "compile_mode" in r:
+            name += f" ({r['compile_mode']})"
         ratio = f"{r['ratio_to_torch']:.2f}x" if r.get("ratio_to_torch") else "-"
+        for base in ("torch_compiled", "handoff"):
+            if f"ratio_to_{base}" in r:
+                ratio += f"; {r[f'ratio_to_{base}']:.2f}x {base}"
         if "met" in r:
             ratio += f" ({'met' if r['met'] else 'not met'}: <= {r['target']})"
         grad = (

@@ -73,7 +73,8 @@ class Program:
         with self._lock:
             found = self._traced.get(shapes)
             if found is None:
-                found = Traced(self, [_aval(s, d) for s, d in zip(shapes, self.dtypes)])
+                with _jax_config.configured(self.context):  # x64 mode decides the dtypes
+                    found = Traced(self, [_aval(s, d) for s, d in zip(shapes, self.dtypes)])
                 self._traced[shapes] = found
                 self.owner._remember(self, shapes)
         return found
@@ -92,7 +93,8 @@ class Program:
     def symbolic(self, shapes: Sequence[Sequence[Any]]) -> "Traced":
         """The trace for shapes holding ``torch.SymInt`` sizes, each a JAX symbolic
         dimension (one per distinct size); nothing runs."""
-        avals, env = symbolic_avals(shapes, self.dtypes)
+        with _jax_config.configured(self.context):
+            avals, env = symbolic_avals(shapes, self.dtypes)
         tag = repr(avals)
         found = self._symbolic.get(tag)
         if found is None:
@@ -127,8 +129,13 @@ class Program:
         """The outputs, then (with a gradient) the new residuals, as PyTorch tensors."""
         traced = self.traced(tuple(tuple(t.shape) for t in tensors))
         with _jax_config.configured(self.context):
-            arrays = traced.run(*_to_jax_many(tensors))
+            xs = _to_jax_many(tensors)
+            arrays = traced.run(*xs)
+        if getattr(_HERE, "keep", False):  # the eager autograd formula asks for them
+            _HERE.kept = {i: (tensors[i], xs[i]) for i in traced.saved_in}
         crossed = _to_torch_many(arrays)
+        for t, a in zip(crossed, arrays):
+            t._handoff_jax = a  # the backward reads it as it is, without crossing back
         self.owner._count_execution()
         outs: List[Any] = []
         for kind, i in traced.out_src:  # an input or an output returned again: a copy
@@ -159,7 +166,8 @@ class Program:
         present = [ct for ct, fl, m in zip(cts, traced.out_float, missing) if fl and not m]
         with _jax_config.configured(self.context):
             bwd = traced.bwd(missing)
-            grads = bwd(_to_jax_many(saved), _to_jax_many(present))
+            arrays = _as_jax(list(saved) + present)
+            grads = bwd(arrays[: len(saved)], arrays[len(saved):])
         self.owner._count_execution()
         return _to_torch_many(grads)
 
@@ -323,6 +331,34 @@ class _Shape:
 
     def __init__(self, shape: Sequence[Any]) -> None:
         self.shape = tuple(shape)
+
+
+#: Between the eager autograd formula (``handoff._torch_ops``) and the kernels it calls on
+#: this thread: ``keep`` asks the forward to keep the JAX arrays of the inputs the
+#: backward reads, ``kept`` holds them (input position -> (tensor, array)), and ``known``
+#: offers them to the backward (tensor id -> (tensor, array)). A compiled graph calls the
+#: kernels without it; its backward hands those inputs to JAX again.
+_HERE = threading.local()
+
+
+def _as_jax(tensors: Sequence[Any]) -> List[Any]:
+    """JAX arrays of these tensors: the array a tensor was made from where the forward
+    kept it (with the tensor, or offered on this thread), the others handed to JAX (in one
+    call)."""
+    known = getattr(_HERE, "known", None) or {}
+    _HERE.known = None
+    arrays = []
+    for t in tensors:
+        a = getattr(t, "_handoff_jax", None)
+        if a is None:
+            k = known.get(id(t))
+            a = k[1] if k is not None and k[0] is t else None
+        arrays.append(a)
+    missing = [t for t, a in zip(tensors, arrays) if a is None]
+    if missing:
+        crossed = iter(_to_jax_many(missing))
+        arrays = [next(crossed) if a is None else a for a in arrays]
+    return arrays
 
 
 def _distinct(results: List[Any], inputs: Sequence[Any]) -> List[Any]:
