@@ -53,8 +53,8 @@ def torch_function(
     residuals: str = "save",
 ) -> Any:
     """Turns the JAX function ``f`` into a function of PyTorch tensors that autograd
-    differentiates (a ``torch.autograd.Function`` underneath), to call like a module's
-    forward::
+    differentiates and ``torch.compile`` traces (two PyTorch operators underneath,
+    ``handoff::call`` and ``handoff::call_bwd``), to call like a module's forward::
 
         import functools, handoff, jax, jax.numpy as jnp, torch
 
@@ -71,8 +71,8 @@ def torch_function(
     ``@functools.partial(handoff.torch_function, static_argnums=(1,))``).
 
     **Arguments.** Every positional argument not in ``static_argnums`` is a
-    ``torch.Tensor`` or a pytree of them (tuples, lists, dicts: JAX's
-    ``jax.tree_util``), all on one device. ``f`` receives JAX arrays in the same
+    ``torch.Tensor`` or a pytree of them (tuples, lists, dicts, namedtuples; not other
+    pytree nodes of JAX's), all on one device. ``f`` receives JAX arrays in the same
     structure, on the matching JAX device: CPU tensors give JAX CPU arrays, ``cuda:N``
     tensors JAX GPU arrays of device N, and ``f`` runs there. Arguments in
     ``static_argnums`` and every keyword argument are static: passed to ``f`` as they
@@ -96,32 +96,53 @@ def torch_function(
     non-differentiable. Any pytree of arrays may be returned; the result has the same
     structure, with PyTorch tensors for leaves. Double backward is not supported (a
     backward with ``create_graph=True`` through it raises ``RuntimeError``). An input
-    modified in place between forward and backward raises PyTorch's usual error, as
-    for its own saved tensors.
+    or an output that the backward reads, modified in place between forward and
+    backward, raises PyTorch's usual error, as for its own saved tensors.
 
-    **Compilation.** The signature is the structure, shapes, dtypes and device of the
-    tensors, which of them need a gradient, the static arguments, and JAX's
+    **Residuals.** ``residuals="save"`` (the default): the forward hands the VJP's
+    residuals to PyTorch (no copy; one buffer for a residual that is also an input or
+    an output) and the backward reads them. ``residuals="recompute"``: the backward runs
+    the forward again from the inputs, as ``torch.utils.checkpoint`` does; less memory
+    is held between the two passes, for a forward's time more. Under
+    ``torch.compile``'s dynamic shapes the layer always recomputes: which residuals
+    ``jax.vjp`` keeps can change with the sizes (a mean's divisor, say).
+
+    **Compilation.** The operator key of a call is the structure, dtypes and device of
+    the tensors, which of them need a gradient, the static arguments, and JAX's
     configuration at the call (what JAX keys its own jit cache on: x64 mode, default
-    matmul precision, default device, ...). The backward runs under the forward's
-    configuration, on whichever thread PyTorch runs it (its own autograd thread for CUDA
-    tensors; JAX's configuration contexts are thread-local). ``f`` is traced
-    once per new signature (twice if it is called both with and without gradients:
-    the forward alone keeps no residuals); the backward is compiled once per signature
-    too, from the VJP, without tracing ``f`` again. The object's ``traces`` counts the
-    traces of ``f``. Under ``torch.no_grad()``, or when no input
-    requires grad, only the plain ``jax.jit(f)`` runs. At most ``cache_size`` (64)
+    matmul precision, default device, ...); the signature is the key and the shapes.
+    Under ``torch.compile`` the key is read while Dynamo traces and kept by the graph:
+    the graph runs under the JAX configuration it was compiled under. The backward runs
+    under the forward's configuration, on whichever thread PyTorch runs it (its own
+    autograd thread for CUDA tensors; JAX's configuration contexts are thread-local).
+    ``f`` is traced once per new signature (``jax.make_jaxpr``, of its ``jax.vjp`` when a
+    gradient is needed; the programs that run are jitted from that trace, without
+    tracing ``f`` again), and once per symbolic signature when ``torch.compile`` asks
+    for shapes. The object's ``traces`` counts the traces of ``f``. Under
+    ``torch.no_grad()``, or when no input requires grad, only the forward runs, with no
+    residuals. At most ``cache_size`` (64)
     signatures are kept, the least recently used dropped first; the first time one is
     dropped a warning says the function keeps retracing (a shape that changes every
     call).
 
     **Memory and streams.** Every hand-off, both ways and both passes, crosses as
     ``handoff.to_jax`` / ``handoff.to_torch`` do (the fastest route, ``handoff.routes()``;
-    the tensors of one call in one native call): tensors are made ready on the consumer's stream by a GPU wait
-    (no host sync), and memory read by queued kernels is given back only after they
-    ran. The VJP residuals are JAX arrays owned by the autograd graph: dropped with it,
-    they go back to JAX's allocator, in JAX's stream order. Outputs are PyTorch tensors
-    viewing JAX's output buffers (no copy); an output that is one of the inputs (``f``
-    returning an argument unchanged) is cloned so that it does not alias the input.
+    the tensors of one call in one native call): tensors are made ready on the
+    consumer's stream by a GPU wait (no host sync), and memory read by queued kernels is
+    given back only after they ran. What the forward handed to PyTorch the backward
+    reads as the JAX arrays it was (no crossing back). Outputs and residuals are
+    PyTorch tensors viewing JAX's buffers (no copy), none aliasing another or an input,
+    as PyTorch's operators require: an output that is one of the inputs (``f`` returning
+    an argument unchanged), or one returned twice, is cloned.
+
+    **torch.compile, torch.export, checkpointing.** Dynamo and AOTAutograd trace the
+    operators' fake implementations (JAX's abstract evaluation, with symbolic sizes
+    under dynamic shapes; nothing runs). ``torch.export`` puts the function into the
+    exported program as a ``jax.export`` artifact (in the operator key; its
+    serialization needs the ``flatbuffers`` package), which ``handoff::call`` loads in
+    another process; exported programs run the forward. Selective activation
+    checkpointing names the forward ``torch.ops.handoff.call.default``. Under
+    ``torch.autocast`` the function receives each tensor in its own dtype.
 
     Returns a :class:`TorchFunction`.
     """
