@@ -9,6 +9,8 @@ to a device synchronize, the variants timed in turns (a block of each per rep):
   a  handoff_save       ``handoff.torch_function(layer_jax)`` (``residuals="save"``):
                         ``y = layer(h, gamma, beta, w2)``, ``y.backward(ct)``,
   b  handoff_recompute  the same with ``residuals="recompute"``,
+  g  handoff_dots       the same with ``residuals=jax.checkpoint_policies.dots_saveable``
+                        (the matmuls' results kept, the rest recomputed),
   c  handoff_identity   ``handoff.torch_function(lambda h: h)`` on ``h`` alone, the same
                         forward + backward: what a crossing costs around no work,
   d  jax                JAX alone: the jitted forward with VJP
@@ -62,6 +64,7 @@ TOL = {"f32": 1e-5, "bf16": 1e-2}
 VARIANTS = (
     ("a", "handoff_save"),
     ("b", "handoff_recompute"),
+    ("g", "handoff_dots"),
     ("c", "handoff_identity"),
     ("d", "jax"),
     ("e", "jax_crossings"),
@@ -175,8 +178,10 @@ def make_steps(torch, jax, handoff, layer_jax, batch, dim, tdt, dev):
     steps = {"handoff_save": autograd_step(handoff.torch_function(layer_jax), inputs)}
     try:  # a handoff before the operators (an A/B against an earlier wheel) has no choice
         steps["handoff_recompute"] = autograd_step(handoff.torch_function(layer_jax, residuals="recompute"), inputs)
+        dots = jax.checkpoint_policies.dots_saveable
+        steps["handoff_dots"] = autograd_step(handoff.torch_function(layer_jax, residuals=dots), inputs)
     except TypeError as e:
-        print(f"note: no handoff_recompute row: {e}")
+        print(f"note: no handoff_recompute and handoff_dots rows: {e}")
     steps["handoff_identity"] = autograd_step(handoff.torch_function(lambda x: x), inputs[:1])
     steps["torch"] = autograd_step(layer_torch, inputs)
 
@@ -215,7 +220,7 @@ def agreement(torch, steps, ctx, dtype):
         return [t.detach().clone() for t in steps[name].result()]
 
     want = [t.float().cpu() for t in once("jax")]
-    for name in ("handoff_save", "handoff_recompute", "jax_crossings"):
+    for name in ("handoff_save", "handoff_recompute", "handoff_dots", "jax_crossings"):
         if name not in steps:
             continue
         got = [t.float().cpu() for t in once(name)]
@@ -291,8 +296,9 @@ def memory(torch, jax, handoff, layer_jax, args, tdt, dev, cuda):
     ts = [torch.randn(s, device=dev, generator=g).to(tdt).requires_grad_()
           for s in ((batch, dim), (dim,), (dim,), (dim, dim))]
     ct = torch.randn(batch, dim, device=dev, generator=g).to(tdt)
-    for mode in ("recompute", "save"):
-        layer = handoff.torch_function(layer_jax, residuals=mode)
+    for mode in ("recompute", "dots", "save"):
+        policy = jax.checkpoint_policies.dots_saveable if mode == "dots" else mode
+        layer = handoff.torch_function(layer_jax, residuals=policy)
         layer(*ts).backward(ct)  # compiled and warm before the figures
         for t in ts:
             t.grad = None
@@ -314,7 +320,7 @@ def memory(torch, jax, handoff, layer_jax, args, tdt, dev, cuda):
             jax_held_after_forward=None if j0 is None or j1 is None else j1 - j0,
             torch_peak_over_step=torch.cuda.max_memory_allocated() - t0,
             jax_peak_bytes_in_use=j_peak,
-            note="jax_peak_bytes_in_use is process-wide so far (recompute runs first)",
+            note="jax_peak_bytes_in_use is process-wide so far (recompute, then dots, then save)",
         )
         for t in ts:
             t.grad = None

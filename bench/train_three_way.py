@@ -197,6 +197,8 @@ def parse_args():
         default=list(VARIANTS),
         help="tji is short for torch_jax_interop (default: all but the compiled ones)",
     )
+    ap.add_argument("--residuals", choices=["save", "recompute", "dots"], default="save",
+                    help="handoff.torch_function's residuals (dots: jax.checkpoint_policies.dots_saveable)")
     ap.add_argument("--compile-mode", choices=["default", "reduce-overhead"], default="default",
                     help="torch.compile's mode for the compiled variants")
     ap.add_argument("--reduce-overhead-check", action="store_true",
@@ -295,7 +297,7 @@ def main():
             "torch": m.layer_torch,
             "jax2torch": j2t(jax.jit(m.layer_jax)) if j2t else Unavailable(j2t_version),
             "torch_jax_interop": tji_layer(tji, jax, jnp, m) if tji else Unavailable(tji_version),
-            "handoff": handoff.torch_function(m.layer_jax),
+            "handoff": handoff_layer(handoff, jax, m.layer_jax, args.residuals),
         }
 
     sync = harness.device_sync(torch, cuda)
@@ -418,6 +420,15 @@ def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, d
         emit(figure="step", **row)
         rows.append(row)
     return rows
+
+
+def handoff_layer(handoff, jax, f, residuals):
+    """``handoff.torch_function(f)`` with ``--residuals`` (an earlier handoff, without the
+    option, gets the default, ``save``)."""
+    if residuals == "save":
+        return handoff.torch_function(f)
+    policy = jax.checkpoint_policies.dots_saveable if residuals == "dots" else residuals
+    return handoff.torch_function(f, residuals=policy)
 
 
 def model_builder(torch, m, layer, variant, mode):

@@ -35,15 +35,16 @@ class Program:
 
     def __init__(self, owner: Any, key: str, call: Callable[[Sequence[Any]], Any], diff: Sequence[bool],
                  dtypes: Sequence[Any], ranks: Sequence[int], device: Any, context: Any,
-                 recompute: bool) -> None:
+                 policy: Any) -> None:
         self.owner = owner
         self.key = key
         self.call = call
         self.diff = tuple(diff)
-        #: Whether a gradient is needed, and whether the backward recomputes the forward
-        #: from the inputs (else the forward hands out the VJP's residuals).
+        #: Whether a gradient is needed, and which of the VJP's residuals the forward hands
+        #: out: all (``None``), or what this ``jax.checkpoint`` policy saves (the backward
+        #: recomputes the rest).
         self.vjp = any(self.diff)
-        self.recompute = recompute
+        self.policy = policy
         self.diff_idx = tuple(i for i, d in enumerate(self.diff) if d)
         self.nondiff_idx = tuple(i for i, d in enumerate(self.diff) if not d)
         self.dtypes = tuple(dtypes)
@@ -203,7 +204,7 @@ class Traced:
         diff_idx, nondiff_idx, call, n = program.diff_idx, program.nondiff_idx, program.call, len(avals)
 
         def fn(*leaves):
-            if not program.vjp or program.recompute:
+            if not program.vjp:
                 return call(leaves), None
 
             def g(*d):
@@ -212,6 +213,8 @@ class Traced:
                     full[i] = x
                 return call(full)
 
+            if program.policy is not None:
+                g = jax.checkpoint(g, policy=program.policy)
             return jax.vjp(g, *[leaves[i] for i in diff_idx])
 
         with _jax_config.configured(program.context):
@@ -249,8 +252,6 @@ class Traced:
             new.append(n_out + r)
             if not isinstance(v, Literal):
                 where[v] = ("res", len(self.res_avals) - 1)
-        if program.vjp and program.recompute:  # the backward reads every input
-            res_src = [("in", i) for i in range(n)]
         # The backward's saved list: residual inputs, residual outputs, new residuals.
         self.saved_in = sorted({i for k, i in res_src if k == "in"})
         self.saved_out = sorted({j for k, j in res_src if k == "out"})
@@ -260,7 +261,7 @@ class Traced:
         self.res_pick = [base[k] + (index[k][i] if k in index else i) for k, i in res_src]
 
         self._closed = closed
-        self._evaluate = evaluate = jaxpr_as_fun(closed)
+        evaluate = jaxpr_as_fun(closed)
         keep = frozenset(new)
         self.run = jax.jit(lambda *xs: [o for k, o in enumerate(evaluate(*xs)) if k in keep])
         self._bwds: Dict[Tuple[bool, ...], Any] = {}
@@ -296,25 +297,12 @@ class Traced:
         import jax
         import numpy as np
 
-        treedef, vjp_treedef, pick, evaluate = self.out_treedef, self.vjp_treedef, self.res_pick, self._evaluate
+        treedef, vjp_treedef, pick = self.out_treedef, self.vjp_treedef, self.res_pick
         meta, is_float = self.out_avals, self.out_float
         keep = [self.program.diff_idx.index(i) for i in self.reached(missing)]
 
-        recompute, diff_idx = self.program.recompute, self.program.diff_idx
-
         def bwd(saved, cts):
-            if recompute:  # the forward again, from its trace (the function is not called)
-                xs = [saved[p] for p in pick]
-
-                def g(*d):
-                    full = list(xs)
-                    for i, x in zip(diff_idx, d):
-                        full[i] = x
-                    return jax.tree_util.tree_unflatten(treedef, evaluate(*full)[: len(meta)])
-
-                vjp = jax.vjp(g, *[xs[i] for i in diff_idx])[1]
-            else:
-                vjp = jax.tree_util.tree_unflatten(vjp_treedef, [saved[p] for p in pick])
+            vjp = jax.tree_util.tree_unflatten(vjp_treedef, [saved[p] for p in pick])
             it = iter(cts)
             full = [
                 (jax.numpy.zeros(s, d) if m else next(it)) if fl else np.zeros(s, jax.dtypes.float0)

@@ -31,7 +31,7 @@ def torch_function(
     *,
     static_argnums: Union[int, Iterable[int]] = (),
     cache_size: int = 64,
-    residuals: str = "save",
+    residuals: Any = "save",
 ) -> "TorchFunction": ...
 
 
@@ -41,7 +41,7 @@ def torch_function(
     *,
     static_argnums: Union[int, Iterable[int]] = (),
     cache_size: int = 64,
-    residuals: str = "save",
+    residuals: Any = "save",
 ) -> Callable[[Callable[..., Any]], "TorchFunction"]: ...
 
 
@@ -50,7 +50,7 @@ def torch_function(
     *,
     static_argnums: Union[int, Iterable[int]] = (),
     cache_size: int = 64,
-    residuals: str = "save",
+    residuals: Any = "save",
 ) -> Any:
     """Turns the JAX function ``f`` into a function of PyTorch tensors that autograd
     differentiates and ``torch.compile`` traces (two PyTorch operators underneath,
@@ -101,11 +101,15 @@ def torch_function(
 
     **Residuals.** ``residuals="save"`` (the default): the forward hands the VJP's
     residuals to PyTorch (no copy; one buffer for a residual that is also an input or
-    an output) and the backward reads them. ``residuals="recompute"``: the backward runs
-    the forward again from the inputs, as ``torch.utils.checkpoint`` does; less memory
-    is held between the two passes, for a forward's time more. Under
-    ``torch.compile``'s dynamic shapes the layer always recomputes: which residuals
-    ``jax.vjp`` keeps can change with the sizes (a mean's divisor, say).
+    an output) and the backward reads them. ``residuals="recompute"``: the forward hands
+    out nothing but its outputs and the backward runs the forward again from the inputs
+    (``jax.checkpoint`` with ``jax.checkpoint_policies.nothing_saveable``), as
+    ``torch.utils.checkpoint`` does: less memory is held between the two passes, fewer
+    tensors cross, for a forward's compute more. Any other ``jax.checkpoint`` policy
+    mixes the two (``jax.checkpoint_policies.dots_saveable`` keeps the matmuls' results
+    and recomputes the rest). Under ``torch.compile``'s dynamic shapes the layer always
+    recomputes: which residuals ``jax.vjp`` keeps can change with the sizes (a mean's
+    divisor, say), and an operator's outputs cannot.
 
     **Compilation.** The operator key of a call is the structure, dtypes and device of
     the tensors, which of them need a gradient, the static arguments, and JAX's
@@ -167,7 +171,7 @@ class TorchFunction:
         *,
         static_argnums: Union[int, Iterable[int]] = (),
         cache_size: int = 64,
-        residuals: str = "save",
+        residuals: Any = "save",
     ) -> None:
         if not callable(f):
             raise TypeError(
@@ -181,9 +185,10 @@ class TorchFunction:
                 )
         if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
             raise ValueError(f"handoff.torch_function: cache_size must be a positive int, got {cache_size!r}")
-        if residuals not in ("save", "recompute"):
+        if residuals not in ("save", "recompute") and not callable(residuals):
             raise ValueError(
-                f'handoff.torch_function: residuals must be "save" or "recompute", got {residuals!r}'
+                'handoff.torch_function: residuals must be "save", "recompute" or a '
+                f"jax.checkpoint policy (jax.checkpoint_policies), got {residuals!r}"
             )
         self.fun = f
         self.residuals = residuals
@@ -270,8 +275,8 @@ class TorchFunction:
                     "supported (PyTorch and JAX use different conventions for complex gradients)"
                 )
         grad_on = torch.is_grad_enabled()
-        # Symbolic sizes (torch.compile's dynamic shapes): the VJP's residuals can differ
-        # with the sizes, so the backward recomputes the forward instead.
+        # Symbolic sizes (torch.compile's dynamic shapes): the VJP's residuals could differ
+        # with the sizes, so the backward recomputes the forward (``_policy``).
         symbolic = any(isinstance(d, torch.SymInt) for t in leaves for d in t.shape)
         program = _program_for(
             self._id,
@@ -283,7 +288,7 @@ class TorchFunction:
             tuple(t.dtype for t in leaves),
             tuple(t.dim() for t in leaves),
             device,
-            self.residuals == "recompute" or symbolic,
+            symbolic,
         )
         key = program.key
         if _exporting():
@@ -291,9 +296,9 @@ class TorchFunction:
         outs = torch.ops.handoff.call(key, leaves)
         return _tree.unflatten(iter(outs[: program.n_out]), program.out_desc)
 
-    def _program(self, static, kwargs, nargs, desc, diff, dtypes, ranks, device, recompute) -> Program:
+    def _program(self, static, kwargs, nargs, desc, diff, dtypes, ranks, device, symbolic) -> Program:
         context = _jax_config.current()
-        whole = (static, kwargs, nargs, desc, diff, dtypes, ranks, device, context, recompute)
+        whole = (static, kwargs, nargs, desc, diff, dtypes, ranks, device, context, symbolic)
         try:
             found = self._programs.get(whole)
         except TypeError as e:
@@ -320,10 +325,20 @@ class TorchFunction:
             if found is None:
                 key = f"{self._id}/{len(self._programs)}"
                 found = Program(self, key, self._caller(static, kwargs, nargs, desc), diff, dtypes,
-                                ranks, device, context, recompute)
+                                ranks, device, context, self._policy(symbolic))
                 self._programs[whole] = found
                 _torch_ops().PROGRAMS[key] = found
         return found
+
+    def _policy(self, symbolic: bool) -> Any:
+        """The ``jax.checkpoint`` policy of the VJP's residuals (``None``: all saved).
+        Under symbolic sizes nothing but the inputs is saved: which residuals
+        ``jax.vjp`` keeps can change with the sizes, and an operator's outputs cannot."""
+        import jax
+
+        if symbolic or self.residuals == "recompute":
+            return jax.checkpoint_policies.nothing_saveable
+        return None if self.residuals == "save" else self.residuals
 
     def _caller(self, static, kwargs, nargs, desc) -> Callable[[Any], Any]:
         """The wrapped function called on a program's leaves (JAX arrays, in order)."""
@@ -394,12 +409,12 @@ _IDS = itertools.count()
 _OWNERS: "weakref.WeakValueDictionary[str, TorchFunction]" = weakref.WeakValueDictionary()
 
 
-def _program_for(fid, static, kwargs, nargs, desc, diff, dtypes, ranks, device, recompute) -> Program:
+def _program_for(fid, static, kwargs, nargs, desc, diff, dtypes, ranks, device, symbolic) -> Program:
     """The :class:`Program` (operator key) of a call. ``torch.compile`` calls this while
     it traces and keeps the result as a constant of the graph (so JAX's configuration at
     that time is the graph's); every argument is a Python constant that Dynamo guards
     on."""
-    return _OWNERS[fid]._program(static, kwargs, nargs, desc, diff, dtypes, ranks, device, recompute)
+    return _OWNERS[fid]._program(static, kwargs, nargs, desc, diff, dtypes, ranks, device, symbolic)
 
 
 _program_for._dynamo_marked_constant = True  # torch._dynamo.assume_constant_result
