@@ -101,5 +101,9 @@ class Artifact:
             for a in self.exported.out_avals
         ]
 
-    def out_float(self, tensors: Sequence[Any]) -> tuple:
-        return tuple(a.dtype.kind in "fc" or a.dtype.name == "bfloat16" for a in self.exported.out_avals)
+    def for_tensors(self, tensors: Sequence[Any]) -> Any:
+        """Which outputs are floating point (``out_float``), as a program's trace says."""
+        import types
+
+        floats = tuple(a.dtype.kind in "fc" or a.dtype.name == "bfloat16" for a in self.exported.out_avals)
+        return types.SimpleNamespace(out_float=floats)

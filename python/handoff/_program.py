@@ -153,10 +153,11 @@ class Program:
         return [torch.empty(traced.torch_shape(s), dtype=_torch_dtype(d), device=self.device)
                 for s, d in avals]
 
-    def saved(self, tensors: Sequence[Any], outputs: Sequence[Any]) -> List[Any]:
+    def saved(self, tensors: Sequence[Any], outputs: Sequence[Any], traced: Optional["Traced"] = None) -> List[Any]:
         """What the backward reads: the inputs and outputs that are residuals, then the
-        new residuals (``outputs`` is what :meth:`forward` returned)."""
-        traced = self.for_tensors(tensors)
+        new residuals (``outputs`` is what :meth:`forward` returned; ``traced``, where
+        known, the trace of ``tensors``)."""
+        traced = traced or self.for_tensors(tensors)
         return ([tensors[i] for i in traced.saved_in] + [outputs[j] for j in traced.saved_out]
                 + list(outputs[self.n_out:]))
 
@@ -186,10 +187,6 @@ class Program:
         reaches."""
         traced = self.for_tensors([_Shape(s) for s in _split(shapes, self.ranks)])
         return traced.reached(tuple(ct is None for ct in cts))
-
-    def out_float(self, tensors: Sequence[Any]) -> Tuple[bool, ...]:
-        """Which outputs are floating-point (the others are not differentiable)."""
-        return self.for_tensors(tensors).out_float
 
 
 class Traced:

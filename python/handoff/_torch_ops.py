@@ -86,9 +86,10 @@ def _setup_context(ctx: Any, inputs: Sequence[Any], output: Sequence[torch.Tenso
     ctx.key = key
     ctx.shapes = [d for a in args for d in a.shape]
     ctx.n_out = prog.n_out
+    traced = prog.for_tensors(args)
     if prog.vjp:
-        ctx.save_for_backward(*prog.saved(args, output))
-    nondiff = [o for o, fl in zip(output, prog.out_float(args)) if not fl] + list(output[prog.n_out:])
+        ctx.save_for_backward(*prog.saved(args, output, traced))
+    nondiff = [o for o, fl in zip(output, traced.out_float) if not fl] + list(output[prog.n_out:])
     if nondiff:
         ctx.mark_non_differentiable(*nondiff)
     # An output the loss does not use gets None, not zeros: the backward tells which
