@@ -197,8 +197,9 @@ def parse_args():
         default=list(VARIANTS),
         help="tji is short for torch_jax_interop (default: all but the compiled ones)",
     )
-    ap.add_argument("--residuals", choices=["save", "recompute", "dots"], default="save",
-                    help="handoff.torch_function's residuals (dots: jax.checkpoint_policies.dots_saveable)")
+    ap.add_argument("--residuals", choices=["default", "save", "recompute", "dots"], default="default",
+                    help="handoff.torch_function's residuals (default: the wheel's own, dots since the "
+                         "operators; an earlier wheel saved them all)")
     ap.add_argument("--compile-mode", choices=["default", "reduce-overhead"], default="default",
                     help="torch.compile's mode for the compiled variants")
     ap.add_argument("--reduce-overhead-check", action="store_true",
@@ -297,7 +298,7 @@ def main():
             "torch": m.layer_torch,
             "jax2torch": j2t(jax.jit(m.layer_jax)) if j2t else Unavailable(j2t_version),
             "torch_jax_interop": tji_layer(tji, jax, jnp, m) if tji else Unavailable(tji_version),
-            "handoff": handoff_layer(handoff, jax, m.layer_jax, args.residuals),
+            "handoff": handoff_layer(handoff, m.layer_jax, args.residuals),
         }
 
     sync = harness.device_sync(torch, cuda)
@@ -422,13 +423,12 @@ def run_cell(torch, jax, jnp, handoff, m, layers, args, dims, size, bound, dt, d
     return rows
 
 
-def handoff_layer(handoff, jax, f, residuals):
-    """``handoff.torch_function(f)`` with ``--residuals`` (an earlier handoff, without the
-    option, gets the default, ``save``)."""
-    if residuals == "save":
+def handoff_layer(handoff, f, residuals):
+    """``handoff.torch_function(f)`` with ``--residuals`` (``default``: none given, as an
+    earlier handoff without the option takes it)."""
+    if residuals == "default":
         return handoff.torch_function(f)
-    policy = jax.checkpoint_policies.dots_saveable if residuals == "dots" else residuals
-    return handoff.torch_function(f, residuals=policy)
+    return handoff.torch_function(f, residuals=residuals)
 
 
 def model_builder(torch, m, layer, variant, mode):

@@ -112,7 +112,10 @@ def _backward(ctx: Any, grads: Sequence[Any]) -> List[Any]:
     cts = list(grads[: ctx.n_out])
     _HERE.known = getattr(ctx, "known", None)  # taken by the kernel below, on this thread
     try:
-        got = torch.ops.handoff.call_bwd(ctx.key, ctx.shapes, saved, cts)
+        if _unobserved(saved) and _unobserved(ct for ct in cts if ct is not None):
+            got = prog.backward(ctx.shapes, saved, cts)
+        else:
+            got = torch.ops.handoff.call_bwd(ctx.key, ctx.shapes, saved, cts)
     finally:
         _HERE.known = None
     result: List[Any] = [None] * len(prog.diff)
@@ -130,7 +133,10 @@ class _Call(torch.autograd.Function):
     def forward(ctx: Any, key: str, *args: torch.Tensor) -> Any:
         _HERE.keep = True  # the JAX arrays of the inputs the backward reads, for ctx
         try:
-            outs = torch.ops.handoff.call(key, list(args))  # grad mode is off here: below autograd
+            if _unobserved(args):
+                outs = program(key).forward(args)
+            else:  # grad mode is off here: below autograd
+                outs = torch.ops.handoff.call(key, list(args))
         finally:
             _HERE.keep = False
         kept, _HERE.kept = getattr(_HERE, "kept", None), None
@@ -151,3 +157,30 @@ def _call_autograd(key: str, args: List[torch.Tensor]) -> List[torch.Tensor]:
 
 
 _LIB.impl("call", _call_autograd, "Autograd")
+
+
+def call(key: str, args: List[torch.Tensor]) -> List[torch.Tensor]:
+    """``handoff::call`` as the layer calls it. Where nothing could see the operator call
+    (no ``torch.compile`` tracing, no dispatch or function mode such as selective
+    checkpointing's, no functorch transform, plain tensors) the dispatcher is skipped:
+    the autograd formula and the kernels run as the operator would run them, a Python
+    dispatch hop fewer each (about a fifth of an identity layer's host time)."""
+    if torch.compiler.is_compiling() or not _unobserved(args):
+        return torch.ops.handoff.call(key, args)
+    if torch.is_grad_enabled() and any(a.requires_grad for a in args):
+        return list(_Call.apply(key, *args))
+    return program(key).forward(args)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _unobserved(tensors: Any) -> bool:
+    """Whether a call on these tensors would reach the kernels with nothing in between:
+    no dispatch or function mode, no functorch transform, no tensor subclass."""
+    return (
+        not torch._C._len_torch_dispatch_stack()
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch._C._are_functorch_transforms_active()
+        and all(type(t) in _PLAIN for t in tensors)
+    )

@@ -110,12 +110,13 @@ class CountingBackend:
 # ---- the operators ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("residuals", ["save", "recompute"])
+@pytest.mark.parametrize("residuals", ["save", "dots", "recompute"])
 def test_opcheck_passes_on_both_operators(residuals):
     """Every check of ``torch.library.opcheck``, but for a forward that hands out the
-    VJP's residuals: their number can change with the sizes (a mean's divisor is one
-    residual more when the size is symbolic), so the dynamic-shape check cannot hold for
-    it; under symbolic sizes the layer recomputes instead (the next test)."""
+    VJP's residuals chosen by a policy other than ``recompute``: their number can change
+    with the sizes (a mean's divisor is one residual more when the size is symbolic), so
+    the dynamic-shape check cannot hold for it; under symbolic sizes the layer
+    recomputes instead (the ten-batch-size test)."""
     utils = ["test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_static"]
     if residuals == "recompute":
         utils.append("test_aot_dispatch_dynamic")
@@ -142,7 +143,7 @@ def test_opcheck_passes_on_both_operators(residuals):
 def test_outputs_never_alias_inputs_or_each_other():
     """Custom operators' outputs may not alias: an input returned, an output returned
     twice, a residual that is an input or an output are each their own tensor."""
-    layer = handoff.torch_function(lambda x, y: (x, x * y, x * y, jnp.tanh(y)))
+    layer = handoff.torch_function(lambda x, y: (x, x * y, x * y, jnp.tanh(y)), residuals="save")
     x, y = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
     outs = layer(x, y)
     ptrs = [t.data_ptr() for t in outs]

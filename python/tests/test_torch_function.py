@@ -285,7 +285,7 @@ def test_unused_outputs_and_retain_graph():
 
 
 def test_every_exchange_goes_through_handoff_and_is_released():
-    fn = handoff.torch_function(ln_gelu_matmul)
+    fn = handoff.torch_function(ln_gelu_matmul, residuals="save")
     h, w = torch.randn(4, 6, requires_grad=True), torch.randn(6, 2, requires_grad=True)
     args = [h, torch.ones(6), torch.zeros(6), w]
     fn(*args).sum().backward()  # compile outside the counted window
@@ -315,8 +315,9 @@ def test_every_exchange_goes_through_handoff_and_is_released():
 def test_an_output_that_is_a_residual_modified_in_place_is_refused():
     """tanh's VJP keeps tanh(x) as its residual: the backward reads the output PyTorch
     holds (one buffer, not two), so writing into it before the backward raises PyTorch's
-    usual error instead of giving a wrong gradient. Without the change it is right."""
-    fn = handoff.torch_function(jnp.tanh)
+    usual error instead of giving a wrong gradient. Without the change it is right. (The
+    default, ``residuals="dots"``, recomputes tanh(x) in the backward: the next test.)"""
+    fn = handoff.torch_function(jnp.tanh, residuals="save")
     x = torch.randn(5, requires_grad=True)
     y = fn(x)
     y.add_(100.0)
@@ -325,6 +326,24 @@ def test_an_output_that_is_a_residual_modified_in_place_is_refused():
     fn(x).sum().backward()
     torch.testing.assert_close(x.grad, 1 - torch.tanh(x.detach()) ** 2)
 
+
+
+def test_by_default_what_is_not_a_matmul_is_recomputed():
+    """``residuals="dots"``: tanh's result is not kept; the backward recomputes it from
+    the input, so an output changed in place does not change the gradient, and nothing
+    but the output crosses to PyTorch."""
+    fn = handoff.torch_function(lambda x, w: jnp.tanh(x) @ w)
+    x, w = torch.randn(3, 5, requires_grad=True), torch.randn(5, 2, requires_grad=True)
+    y = fn(x, w)
+    (program,) = fn._programs.values()
+    (traced,) = program._traced.values()
+    assert [a[0] for a in traced.res_avals] == [], "tanh(x) @ w keeps no new residual but inputs"
+    y.add_(100.0)
+    y.sum().backward()
+    xs, ws = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    (torch.tanh(xs) @ ws).sum().backward()
+    torch.testing.assert_close(x.grad, xs.grad)
+    torch.testing.assert_close(w.grad, ws.grad)
 
 def test_the_training_comparison_runs_on_the_cpu(route):
     """bench/train_three_way.py (the GPU comparison) in its CPU mode, small, on each
