@@ -10,6 +10,7 @@ around the JAX one), and 0 graph breaks.
 DDP and FSDP2 are in ``test_distributed.py``.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -151,6 +152,35 @@ def test_outputs_never_alias_inputs_or_each_other():
     sum(o.sum() for o in outs).backward()
     torch.testing.assert_close(x.grad, 1 + 2 * y.detach())
     torch.testing.assert_close(y.grad, 2 * x.detach() + 1 - torch.tanh(y.detach()) ** 2)
+
+
+def test_the_eager_fast_path_and_the_dispatcher_give_the_same():
+    """Eager calls skip the dispatcher where nothing could see them; under a dispatch
+    mode (here one that only records what it sees) they go through it, the operator is
+    seen, and values and gradients are the same."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    runs = []
+    for observed in (False, True):
+        torch.manual_seed(0)
+        model = Model(handoff.torch_function(ln_gelu_matmul))
+        seen = Seen()
+        with seen if observed else contextlib.nullcontext():
+            y = model(torch.randn(4, 16))
+            y.square().sum().backward()
+        runs.append((y.detach(), [p.grad for p in model.parameters()]))
+        names = {str(op) for op in seen.ops}
+        assert ("handoff.call.default" in names and "handoff.call_bwd.default" in names) == observed
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
 
 
 # ---- torch.compile ------------------------------------------------------------------------
