@@ -158,12 +158,7 @@ def make_steps(torch, jax, handoff, layer_jax, batch, dim, tdt, dev):
     ct = torch.randn(batch, dim, device=dev, generator=g).to(tdt)
     inputs = [t.requires_grad_() for t in (h, gamma, beta, w2)]
 
-    def layer_torch(h, gamma, beta, w2):
-        hf = h.float()
-        mu = hf.mean(-1, keepdim=True)
-        var = ((hf - mu) ** 2).mean(-1, keepdim=True)
-        z = (hf - mu) * torch.rsqrt(var + 1e-5) * gamma.float() + beta.float()
-        return torch.nn.functional.gelu(z, approximate="tanh").to(h.dtype) @ w2
+    from profile_step import layer_torch  # beside this script
 
     def autograd_step(fn, ts):
         last = {}

@@ -31,6 +31,17 @@ def layer_jax(h, gamma, beta, w2):
     return jax.nn.gelu(z, approximate=True).astype(h.dtype) @ w2
 
 
+def layer_torch(h, gamma, beta, w2):
+    """The same layer in PyTorch."""
+    import torch
+
+    hf = h.float()
+    mu = hf.mean(-1, keepdim=True)
+    var = ((hf - mu) ** 2).mean(-1, keepdim=True)
+    z = (hf - mu) * torch.rsqrt(var + 1e-5) * gamma.float() + beta.float()
+    return torch.nn.functional.gelu(z, approximate="tanh").to(h.dtype) @ w2
+
+
 def main():
     ap = harness.parser()
     harness.layer_args(ap, steps=3000)
@@ -45,13 +56,6 @@ def main():
 
     tdt, batch, dim = harness.layer_setup(torch, args)
     dev = args.device
-
-    def layer_torch(h, gamma, beta, w2):
-        hf = h.float()
-        mu = hf.mean(-1, keepdim=True)
-        var = ((hf - mu) ** 2).mean(-1, keepdim=True)
-        z = (hf - mu) * torch.rsqrt(var + 1e-5) * gamma.float() + beta.float()
-        return torch.nn.functional.gelu(z, approximate="tanh").to(h.dtype) @ w2
 
     g = torch.Generator(device=dev).manual_seed(0)
     init = [

@@ -28,9 +28,12 @@ def ln_gelu_matmul(h, gamma, beta, w):
 
 
 class Model(torch.nn.Module):
-    def __init__(self, d_in=16, d=32, d_out=8):
+    """Linear -> a JAX layer (layer norm, gelu, matmul; its own unless given) -> Linear.
+    ``test_torch_compile.py`` trains it too."""
+
+    def __init__(self, layer=None, d_in=16, d=32, d_out=8):
         super().__init__()
-        self.layer = handoff.torch_function(ln_gelu_matmul)
+        self.layer = layer or handoff.torch_function(ln_gelu_matmul)
         self.inp = torch.nn.Linear(d_in, d)
         self.gamma = torch.nn.Parameter(torch.ones(d))
         self.beta = torch.nn.Parameter(torch.zeros(d))

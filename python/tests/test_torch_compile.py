@@ -26,27 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 
-def ln_gelu_matmul(h, gamma, beta, w):
-    mu = h.mean(-1, keepdims=True)
-    var = ((h - mu) ** 2).mean(-1, keepdims=True)
-    z = (h - mu) * jax.lax.rsqrt(var + 1e-5) * gamma + beta
-    return jax.nn.gelu(z, approximate=True) @ w
-
-
-class Model(torch.nn.Module):
-    """Linear -> a JAX layer (layer norm, gelu, matmul) -> Linear."""
-
-    def __init__(self, layer, d_in=16, d=32, d_out=8):
-        super().__init__()
-        self.layer = layer
-        self.inp = torch.nn.Linear(d_in, d)
-        self.gamma = torch.nn.Parameter(torch.ones(d))
-        self.beta = torch.nn.Parameter(torch.zeros(d))
-        self.w = torch.nn.Parameter(torch.randn(d, d) * d**-0.5)
-        self.out = torch.nn.Linear(d, d_out)
-
-    def forward(self, x):
-        return self.out(self.layer(self.inp(x), self.gamma, self.beta, self.w))
+from distributed_train import Model, ln_gelu_matmul  # noqa: E402
 
 
 def model_pair(seed=0):
