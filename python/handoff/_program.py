@@ -135,8 +135,8 @@ class Program:
         if getattr(_HERE, "keep", False):  # the eager autograd formula asks for them
             _HERE.kept = {i: (tensors[i], xs[i]) for i in traced.saved_in}
         crossed = _to_torch_many(arrays)
-        for t, a in zip(crossed, arrays):
-            t._handoff_jax = a  # the backward reads it as it is, without crossing back
+        for k in range(traced.n_new_out, len(crossed)):  # residuals, never the user's outputs
+            crossed[k]._handoff_jax = arrays[k]  # the backward reads it without crossing back
         self.owner._count_execution()
         outs: List[Any] = []
         for kind, i in traced.out_src:  # an input or an output returned again: a copy
@@ -328,8 +328,8 @@ _HERE = threading.local()
 
 def _as_jax(tensors: Sequence[Any]) -> List[Any]:
     """JAX arrays of these tensors: the array a tensor was made from where the forward
-    kept it (with the tensor, or offered on this thread), the others handed to JAX (in one
-    call)."""
+    kept it (with a residual, or offered on this thread), the others handed to JAX (in
+    one call)."""
     known = getattr(_HERE, "known", None) or {}
     _HERE.known = None
     arrays = []
