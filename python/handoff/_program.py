@@ -46,7 +46,6 @@ class Program:
         self.vjp = any(self.diff)
         self.policy = policy
         self.diff_idx = tuple(i for i, d in enumerate(self.diff) if d)
-        self.nondiff_idx = tuple(i for i, d in enumerate(self.diff) if not d)
         self.dtypes = tuple(dtypes)
         self.ranks = tuple(ranks)
         self.device = device
@@ -84,9 +83,12 @@ class Program:
         self._traced.pop(shapes, None)
 
     def for_tensors(self, tensors: Sequence[Any]) -> "Traced":
-        """The trace for these (real or fake) tensors' shapes: concrete, or symbolic where
-        a size is a ``torch.SymInt`` (``torch.compile``'s dynamic shapes)."""
-        shapes = tuple(tuple(t.shape) for t in tensors)
+        """The trace for these (real or fake) tensors' shapes (:meth:`for_shapes`)."""
+        return self.for_shapes(tuple(tuple(t.shape) for t in tensors))
+
+    def for_shapes(self, shapes: Tuple[Tuple[Any, ...], ...]) -> "Traced":
+        """The trace for these shapes: concrete, or symbolic where a size is a
+        ``torch.SymInt`` (``torch.compile``'s dynamic shapes)."""
         if all(type(d) is int for s in shapes for d in s):
             return self.traced(shapes)
         return self.symbolic(shapes)
@@ -185,7 +187,7 @@ class Program:
         """The inputs (by position) whose gradients :meth:`backward` returns: those
         needing one that an output with a cotangent (``cts``, ``None`` where absent)
         reaches."""
-        traced = self.for_tensors([_Shape(s) for s in _split(shapes, self.ranks)])
+        traced = self.for_shapes(_split(shapes, self.ranks))
         return traced.reached(tuple(ct is None for ct in cts))
 
 
@@ -198,7 +200,7 @@ class Traced:
 
         self.program = program
         self.env: Dict[str, Any] = {}
-        diff_idx, nondiff_idx, call, n = program.diff_idx, program.nondiff_idx, program.call, len(avals)
+        diff_idx, call = program.diff_idx, program.call
 
         def fn(*leaves):
             if not program.vjp:
@@ -219,7 +221,7 @@ class Traced:
         out_leaves, self.out_treedef = jax.tree_util.tree_flatten(out_shape)
         self.out_desc = _describe(jax, self.out_treedef, len(out_leaves), program.name)
         self.out_avals = [(tuple(a.shape), a.dtype) for a in out_leaves]
-        self.out_float = tuple(bool(jax.numpy.issubdtype(d, jax.numpy.inexact)) for _, d in self.out_avals)
+        self.out_float = tuple(is_float(d) for _, d in self.out_avals)
         res_leaves, self.vjp_treedef = jax.tree_util.tree_flatten(vjp_shape)
         program.adopt(self)
 
@@ -311,13 +313,6 @@ class Traced:
         return self._bwds.setdefault(missing, jax.jit(bwd))
 
 
-class _Shape:
-    """Stands in for a tensor where only its shape is known."""
-
-    def __init__(self, shape: Sequence[Any]) -> None:
-        self.shape = tuple(shape)
-
-
 #: Between the eager autograd formula (``handoff._torch_ops``) and the kernels it calls on
 #: this thread: ``keep`` asks the forward to keep the JAX arrays of the inputs the
 #: backward reads, ``kept`` holds them (input position -> (tensor, array)), and ``known``
@@ -405,6 +400,13 @@ def _jax_dtype(torch_dtype: Any) -> Any:
     import jax.numpy as jnp
 
     return jax.dtypes.canonicalize_dtype(jnp.dtype(str(torch_dtype).rpartition(".")[2]))
+
+
+def is_float(jax_dtype: Any) -> bool:
+    """Whether arrays of this JAX dtype are differentiable (floating point)."""
+    import jax.numpy as jnp
+
+    return bool(jnp.issubdtype(jax_dtype, jnp.inexact))
 
 
 def _torch_dtype(jax_dtype: Any) -> Any:
