@@ -12,9 +12,9 @@
 //!   step, unless the document's "Cycles" section lists it; a listed cycle that is
 //!   gone is an error too, so the section stays current.
 //! - **Sizes.** Every Rust source file over [`LIMIT`] lines in the library and binary
-//!   sources ([`SOURCES`]: not tests, benches, examples or fuzz targets) is listed in
-//!   the document's "Files over 500 lines" section, and every file listed there is
-//!   over the limit.
+//!   sources ([`SOURCES`]: not tests, benches, examples or fuzz targets), and every
+//!   Python module of the package ([`PY_SOURCES`]), is listed in the document's "Files
+//!   over 500 lines" section, and every file listed there is over the limit.
 //! - **Paths.** Every path in backticks in the document (a span with a `/`, or one
 //!   ending in `.rs`, `.py`, `.md` or `.toml`; not one with a space, `<`, `*`, `{` or
 //!   `://`, nor an extension alone) exists, relative to the repository root.
@@ -43,6 +43,9 @@ pub const SOURCES: &[&str] = &[
     "python/src",
     "xtask/src",
 ];
+
+/// The Python package's modules, under the same size rule as the Rust sources.
+pub const PY_SOURCES: &[&str] = &["python/handoff"];
 
 const SIZES_SECTION: &str = "Files over 500 lines";
 const CYCLES_SECTION: &str = "Cycles";
@@ -88,27 +91,30 @@ pub fn check(root: &Path) -> Result<(), String> {
 // ---------------------------------------------------------------------------------
 // Sizes
 
-/// Every `.rs` file under [`SOURCES`], relative to `root`, sorted.
+/// Every `.rs` file under [`SOURCES`] and `.py` file under [`PY_SOURCES`], relative to
+/// `root`, sorted.
 fn source_files(root: &Path, problems: &mut Vec<String>) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for dir in SOURCES {
-        let before = files.len();
-        walk_rs(root, Path::new(dir), &mut files);
-        if files.len() == before {
-            problems.push(format!("{dir}: no Rust sources found"));
+    for (dirs, ext) in [(SOURCES, "rs"), (PY_SOURCES, "py")] {
+        for dir in dirs {
+            let before = files.len();
+            walk(root, Path::new(dir), ext, &mut files);
+            if files.len() == before {
+                problems.push(format!("{dir}: no .{ext} sources found"));
+            }
         }
     }
     files.sort();
     files
 }
 
-fn walk_rs(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+fn walk(root: &Path, dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(root.join(dir)) else { return };
     for entry in entries.flatten() {
         let rel = dir.join(entry.file_name());
         match entry.file_type() {
-            Ok(t) if t.is_dir() => walk_rs(root, &rel, out),
-            Ok(t) if t.is_file() && rel.extension().is_some_and(|e| e == "rs") => out.push(rel),
+            Ok(t) if t.is_dir() => walk(root, &rel, ext, out),
+            Ok(t) if t.is_file() && rel.extension().is_some_and(|e| e == ext) => out.push(rel),
             _ => {}
         }
     }
@@ -120,7 +126,8 @@ fn check_sizes(root: &Path, files: &[PathBuf], doc: &str, problems: &mut Vec<Str
         problems.push(format!("{DOC}: no \"## {SIZES_SECTION}\" section"));
         return 0;
     };
-    let listed: BTreeSet<&str> = backticked(section).filter(|s| s.ends_with(".rs")).collect();
+    let listed: BTreeSet<&str> =
+        backticked(section).filter(|s| s.ends_with(".rs") || s.ends_with(".py")).collect();
     let mut over = 0;
     for file in files {
         let lines = match std::fs::read_to_string(root.join(file)) {
@@ -246,7 +253,7 @@ fn crates(root: &Path, problems: &mut Vec<String>) -> Vec<Crate> {
             ["lib.rs", "main.rs"].map(|n| dir.join(n)).into_iter().filter(|r| root.join(r).is_file()),
         );
         let mut bins = Vec::new();
-        walk_rs(root, &dir.join("bin"), &mut bins);
+        walk(root, &dir.join("bin"), "rs", &mut bins);
         bins.sort();
         roots.extend(bins.into_iter().filter(|b| b.parent() == Some(&dir.join("bin"))));
     }
