@@ -10,6 +10,8 @@ DLPack framework.
     y = handoff.to_torch(jax_out)
     handoff.stats()                                     # host syncs, waits, deferred releases
     layer = handoff.torch_function(jax_fn)              # a JAX function PyTorch trains through
+    fn = handoff.jax_function(torch_fn)                 # a PyTorch function inside jax.jit/grad/vmap
+    fn, params = handoff.jax_module(module)             # a torch.nn.Module for JAX, weights as arrays
 
 ``handoff.to_jax(x)`` and ``handoff.to_torch(x)`` cross between PyTorch and JAX by the
 fastest route the installed frameworks offer, with the same guarantees: a torch tensor
@@ -65,6 +67,7 @@ from ._handoff import (
     to_jax,
     to_torch,
 )
+from ._jax_function import JaxFunction, jax_function, jax_module
 from ._torch_function import TorchFunction, torch_function
 
 if "torch" in _sys.modules:
@@ -77,10 +80,13 @@ __all__ = [
     "DLPACK_VERSION",
     "HandoffError",
     "InvalidTensorError",
+    "JaxFunction",
     "Ordered",
     "TorchFunction",
     "cuda_available",
     "flush",
+    "jax_function",
+    "jax_module",
     "ordered",
     "prune_graph",
     "routes",

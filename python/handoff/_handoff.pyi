@@ -1,6 +1,6 @@
 """Type hints for handoff's native module (built from Rust with pyo3)."""
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 DLPACK_VERSION: Tuple[int, int]
 """The DLPack version of the versioned capsules handoff makes."""
@@ -62,8 +62,9 @@ def flush() -> None:
     """Blocks (without the GIL) until every release queued so far has happened."""
 
 def cuda_available() -> bool:
-def prune_graph(graph: Any) -> int: ...
     """Whether the CUDA driver can be used."""
+
+def prune_graph(graph: Any) -> int: ...
 
 def to_jax(x: Any) -> Any:
     """``jax.dlpack.from_dlpack(handoff.ordered(x))`` by the fastest route: a JAX array
@@ -79,10 +80,13 @@ def routes() -> Dict[str, Any]:
     """The route each crossing takes (``"torch_to_jax"``, ``"jax_to_torch"``:
     ``"native"`` or ``"public"``) and why (``"reasons"``). Imports PyTorch and JAX."""
 
-# The package's own internals (every build): the atexit hook, torch_function's crossings.
+# The package's own internals (every build): the atexit hook, torch_function's crossings,
+# jax_function's counted copies and host syncs.
 def _shutdown() -> None: ...
 def _to_jax_many(tensors: Iterable[Any]) -> List[Any]: ...
 def _to_torch_many(arrays: Iterable[Any], keep: Any = None) -> List[Any]: ...
+def _count_copy(bytes: int) -> None: ...
+def _host_sync(f: Callable[[], Any]) -> Any: ...
 
 # Test seams: only in a wheel built with the cargo feature ``test-hooks`` (not the one
 # users install; ``HANDOFF_ROUTE=public`` forces the public route there).

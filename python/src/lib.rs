@@ -22,7 +22,8 @@
 //!
 //! - The package's own internals, in every build: `_shutdown` (the `atexit` hook
 //!   `handoff/__init__.py` registers), `_to_jax_many` and `_to_torch_many` (what
-//!   `handoff.torch_function` crosses with).
+//!   `handoff.torch_function` crosses with), `_count_copy` and `_host_sync` (the
+//!   copies and host syncs `handoff.jax_function` makes, counted in `stats()`).
 //! - Test and benchmark seams, only with the cargo feature `test-hooks` (off in the
 //!   wheel users install): `_set_route` (forces a route in this process; users have
 //!   `HANDOFF_ROUTE=public`), `_mock_ordered` and `Ordered._mock_advance` (a simulated
@@ -93,6 +94,21 @@ fn flush(py: Python<'_>) {
     main_thread::run_queued(py);
 }
 
+/// Counts one copy of `bytes` bytes that the package's Python code made (in
+/// `handoff.stats()`: `copies`, `bytes_copied`): `handoff.jax_function` copies each
+/// output of a PyTorch function into XLA's buffer.
+#[pyfunction(name = "_count_copy")]
+fn count_copy(bytes: u64) {
+    handoff_runtime::stats::count_copy(bytes);
+}
+
+/// Runs `f()`, a call that blocks the host until a device has done some work, counted
+/// in `handoff.stats()["host_syncs"]`; its result. The GIL is held: `f` is Python.
+#[pyfunction(name = "_host_sync")]
+fn host_sync<'py>(f: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    handoff_runtime::stats::host_sync(|| f.call0())
+}
+
 /// Whether the CUDA driver can be used (`libcuda.so.1` loads and there is a device).
 #[pyfunction]
 fn cuda_available(py: Python<'_>) -> bool {
@@ -118,6 +134,8 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(capture::prune_graph, m)?)?;
     m.add_function(wrap_pyfunction!(keep_alive::shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(count_copy, m)?)?;
+    m.add_function(wrap_pyfunction!(host_sync, m)?)?;
     #[cfg(feature = "test-hooks")]
     {
         m.add_function(wrap_pyfunction!(crossing::set_route, m)?)?;

@@ -288,6 +288,7 @@ pub fn bundle(root: &Path, out: &Path, prev_wheel: Option<&Path>) -> Result<u64,
         (root.join("bench/layer_cost.py"), "layer_cost.py".to_string()),
         (root.join("bench/cuda_core_consumer.py"), "cuda_core_consumer.py".to_string()),
         (root.join("bench/gpu_graph_checks.py"), "gpu_graph_checks.py".to_string()),
+        (root.join("bench/jax_function_checks.py"), "jax_function_checks.py".to_string()),
         // What the scripts above share; they import it from their own folder.
         (root.join("bench/harness.py"), "harness.py".to_string()),
         // The DLPack structs [`GPU_SCRIPT`] builds its lifetime control with (pytest's

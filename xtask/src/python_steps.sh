@@ -51,6 +51,9 @@ step_with() {
 hooks_step python_handoff python_gpu_h200.py 300
 py_step python_gpu_training python_gpu_training.py 200
 py_step python_cuda_core cuda_core_consumer.py 60
+# PyTorch inside jax.jit (handoff.jax_function): gradients against PyTorch's, 0 host
+# syncs in the callback, the GPU still busy after a step, time against the peers.
+py_step python_jax_function jax_function_checks.py 240
 # JAX work inside torch.cuda.graph: the crossings and torch_function captured and
 # replayed against eager, and a training step captured (its time beside a PyTorch layer's).
 py_step python_graph_crossings gpu_graph_checks.py 90 --probe crossings

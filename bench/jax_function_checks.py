@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""``handoff.jax_function`` on CUDA: PyTorch modules inside a jitted JAX training step
+(GPU machine; JSON lines, exit 1 on a failed check, ``SKIPPED`` without CUDA).
+
+Figures:
+
+- ``grads``: a 2-layer MLP and a block of ``scaled_dot_product_attention`` and an MLP
+  (``torch.nn.Module`` s through ``handoff.jax_module``) in ``jax.jit(jax.value_and_grad)``:
+  the loss and every parameter's gradient equal PyTorch's own (float32, TF32 off).
+- ``no_host_sync``: the step under ``host_syncs="error"`` (PyTorch's sync debug mode
+  "error" in every callback) with ~50 ms of JAX work queued ahead of it in the same
+  program: every callback finds XLA's stream still busy when it runs (an event recorded
+  on it from inside the callback, not yet complete: the callback did not wait), the
+  step returns in under a fifth of that, its result is not ready then, and
+  ``handoff.stats()["host_syncs"]`` is unchanged. The control, a module that calls
+  ``.item()``, is refused with the sync named; with ``host_syncs="allow"`` its callback
+  finds the stream idle (it waited).
+- ``step_time``: median ms per training step (forward, ``jax.grad`` or ``backward``, an
+  SGD update) of handoff.jax_function, torch-jax-interop's ``torch_module_to_jax``
+  (``jax.pure_callback``: every input to the host and back; reported only, skipped
+  where the package does not import), the same step in JAX alone and in PyTorch alone,
+  at a host-bound and a GPU-bound size of each model, in one run.
+"""
+
+import copy
+import time
+
+import harness  # beside this script, in bench/ and in the GPU bundle
+from harness import check, emit
+
+QUEUED_MS = 50.0
+MATRIX = 8192  # bf16 matmuls of MATRIX x MATRIX keep XLA's stream busy
+LR = 1e-3
+SIZES = {  # model -> bound -> (batch, [sequence,] width)
+    "mlp": {"host": (64, 256), "gpu": (8192, 2048)},
+    "block": {"host": (2, 32, 64), "gpu": (16, 1024, 1024)},
+}
+VARIANTS = ("handoff", "torch_jax_interop", "jax", "torch")
+
+
+def main():
+    ap = harness.parser(__doc__)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per repetition")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--models", nargs="+", default=list(SIZES), choices=list(SIZES))
+    ap.add_argument("--bounds", nargs="+", default=["host", "gpu"], choices=["host", "gpu"])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    args = ap.parse_args()
+    torch, jax, jnp = harness.import_frameworks()
+    import handoff
+
+    why = harness.why_no_cuda(torch, jax, handoff)
+    if why:
+        harness.skip(why)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    jax.config.update("jax_default_matmul_precision", "highest")
+    tji = load_torch_jax_interop()
+    harness.env(torch=torch, jax=jax, handoff=handoff.__version__, gpu=torch.cuda.get_device_name(0),
+                torch_jax_interop=tji[1], python=harness.PYTHON)
+    check_grads(torch, jax, jnp, handoff)
+    check_no_host_sync(torch, jax, jnp, handoff)
+    for name in args.models:
+        for bound in args.bounds:
+            time_steps(torch, jax, jnp, handoff, tji[0], name, bound, args)
+
+
+# ---- models -----------------------------------------------------------------------------
+
+
+def make_model(torch, name, size):
+    """``(module, input)`` on CUDA, seeded."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    if name == "mlp":
+        b, d = size
+        model = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        return model.cuda(), torch.randn(b, d, device="cuda")
+    b, s, d = size
+    return Block(torch, d, heads=max(1, d // 64)).cuda(), torch.randn(b, s, d, device="cuda")
+
+
+def Block(torch, d, heads):
+    """Causal attention through ``scaled_dot_product_attention``, then an MLP, each with
+    a residual."""
+    nn = torch.nn
+
+    class _Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+            return x + self.mlp(x)
+
+    return _Block()
+
+
+def jax_model(jax, jnp, name, heads):
+    """The same forward in JAX, on the module's parameter names (weights as PyTorch
+    keeps them: ``(out, in)``)."""
+    def linear(p, key, x):
+        return x @ p[key + ".weight"].T + p[key + ".bias"]
+
+    def mlp(p, x, prefix):
+        return linear(p, prefix + "2", jax.nn.gelu(linear(p, prefix + "0", x), approximate=False))
+
+    if name == "mlp":
+        return lambda p, x: mlp(p, x, "")
+
+    def block(p, x):
+        b, s, d = x.shape
+        q, k, v = (linear(p, "qkv", x).reshape(b, s, 3, heads, d // heads)[:, :, i] for i in range(3))
+        a = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        x = x + linear(p, "proj", a.reshape(b, s, d))
+        return x + mlp(p, x, "mlp.")
+
+    return block
+
+
+def jax_step(jax, jnp, forward):
+    """A jitted training step of ``forward(params, x)``: ``(loss, new params, grads)``."""
+    @jax.jit
+    def step(p, x):
+        loss, g = jax.value_and_grad(lambda p: jnp.mean(forward(p, x) ** 2))(p)
+        return loss, jax.tree_util.tree_map(lambda a, b: a - LR * b, p, g), g
+
+    return step
+
+
+def torch_grads(torch, model, x):
+    model.zero_grad(set_to_none=True)
+    loss = (model(x) ** 2).mean()
+    loss.backward()
+    return loss.item(), {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+
+
+# ---- checks -----------------------------------------------------------------------------
+
+
+def check_grads(torch, jax, jnp, handoff):
+    import numpy as np
+
+    for name, bounds in SIZES.items():
+        model, x = make_model(torch, name, bounds["host"])
+        fn, params = handoff.jax_module(model)
+        loss, _, grads = jax_step(jax, jnp, fn)(params, handoff.to_jax(x))
+        want_loss, want = torch_grads(torch, model, x)
+        errors = {k: float(np.max(np.abs(np.asarray(grads[k]) - want[k].cpu().numpy())) /
+                           (float(want[k].abs().max()) + 1e-12)) for k in want}
+        worst = max(errors.values())
+        emit(figure="grads", model=name, size=list(bounds["host"]), loss=float(loss), torch_loss=want_loss,
+             max_rel_error=worst, worst_param=max(errors, key=errors.get))
+        check(abs(float(loss) - want_loss) <= 1e-5 * max(1.0, abs(want_loss)),
+              f"{name}: loss differs from PyTorch's")
+        check(worst <= 1e-4, f"{name}: gradients differ from PyTorch's (max relative error {worst:.2e})")
+
+
+def busy_program(jax, jnp):
+    """``(flag, reps, busy_ms)``: ``flag(w)`` is ~50 ms of bf16 matmuls in one program (a
+    chain multiplying by the identity, which XLA cannot know) ending in a 0.0 that
+    depends on all of it."""
+    eye = jnp.eye(MATRIX, dtype=jnp.bfloat16)
+
+    def chain(reps):
+        def flag(w):
+            m = w
+            for _ in range(reps):
+                m = m @ w
+            return jnp.where(m[0, 0] == 3.0, 1.0, 0.0).astype(jnp.float32)
+
+        return flag
+
+    probe = jax.jit(chain(8))
+    probe(eye).block_until_ready()
+    t0 = time.perf_counter()
+    probe(eye).block_until_ready()
+    reps = max(1, min(400, round(QUEUED_MS / ((time.perf_counter() - t0) * 1e3 / 8))))
+    return chain(reps), eye, reps
+
+
+def check_no_host_sync(torch, jax, jnp, handoff):
+    found = []  # per callback run: was XLA's stream still busy when it ran?
+    waited = []  # ms the control's .item() took
+
+    class Probe(torch.nn.Module):
+        def __init__(self, inner, sync=False):
+            super().__init__()
+            self.inner, self.sync = inner, sync
+
+        def forward(self, x):
+            if self.sync:
+                ms, value = _timed(lambda: x.sum().item())  # a host sync
+                waited.append(ms)
+                x = x * (value * 0 + 1)
+            ev = torch.cuda.Event()
+            ev.record()  # on the current stream: XLA's
+            found.append(not ev.query())  # cudaEventQuery never blocks
+            return self.inner(x)
+
+    flag, eye, reps = busy_program(jax, jnp)
+    model, x = make_model(torch, "mlp", SIZES["mlp"]["host"])
+    fn, params = handoff.jax_module(Probe(model))
+
+    def program(fn):
+        @jax.jit
+        def step(p, x, w):
+            x = x + flag(w)  # the step's callbacks are queued behind the chain
+            return jax.value_and_grad(lambda p: jnp.mean(fn(p, x) ** 2))(p)
+
+        return step
+
+    step, xj = program(fn), handoff.to_jax(x)
+    jax.block_until_ready(step(params, xj, eye))  # compiled and warm
+    busy_ms = _timed(lambda: jax.block_until_ready(step(params, xj, eye)))[0]
+    found.clear()
+    before = handoff.stats()["host_syncs"]
+    call_ms, (loss, grads) = _timed(lambda: step(params, xj, eye))
+    ready = loss.is_ready()
+    jax.block_until_ready((loss, grads))
+    syncs = handoff.stats()["host_syncs"] - before
+    emit(figure="no_host_sync", queued_ms=QUEUED_MS, matmuls=reps, step_busy_ms=round(busy_ms, 1),
+         call_ms=round(call_ms, 3), result_ready_at_return=ready, callbacks=len(found),
+         stream_busy_in_callback=sum(found), host_syncs=syncs)
+    check(len(found) >= 2 and all(found),
+          f"a callback found XLA's stream idle: {found} (it waited on the host)")
+    check(call_ms < QUEUED_MS / 5 and not ready, f"the step took {call_ms:.1f} ms to return, ready={ready}")
+    check(syncs == 0, f"{syncs} host syncs counted by handoff during the step")
+
+    # The control: a host sync inside the module is refused, and allowed, waits.
+    bad, bad_params = handoff.jax_module(Probe(model, sync=True), out_shapes=lambda p, x: x)
+    try:
+        jax.block_until_ready(program(bad)(bad_params, xj, eye))
+        refused = None
+    except Exception as e:  # noqa: BLE001
+        refused = "synchronized the host" in str(e)
+    allowed, _ = handoff.jax_module(Probe(model, sync=True), out_shapes=lambda p, x: x, host_syncs="allow")
+    allowed_step = program(allowed)
+    jax.block_until_ready(allowed_step(bad_params, xj, eye))
+    waited.clear()
+    jax.block_until_ready(allowed_step(bad_params, xj, eye))
+    emit(figure="control_sync", refused_with_message=refused, allowed_item_ms=[round(w, 2) for w in waited])
+    check(refused is True,
+          f"a host sync in the PyTorch function was not refused with its message ({refused})")
+    check(bool(waited) and waited[0] > QUEUED_MS / 2,
+          f"with host_syncs='allow' the control's .item() did not wait for the queued work ({waited} ms)")
+
+
+def _timed(f):
+    t0 = time.perf_counter()
+    r = f()
+    return (time.perf_counter() - t0) * 1e3, r
+
+
+# ---- step time --------------------------------------------------------------------------
+
+
+def time_steps(torch, jax, jnp, handoff, tji, name, bound, args):
+    size = SIZES[name][bound]
+    n = args.steps if bound == "gpu" else 10 * args.steps
+    base, x = make_model(torch, name, size)
+    heads = max(1, size[-1] // 64)
+    results = {}
+    for variant in args.variants:
+        model = copy.deepcopy(base)
+        try:
+            step, sync = make_step(torch, jax, jnp, handoff, tji, variant, model, x, name, heads)
+        except _Unavailable as e:
+            emit(figure="step_time", model=name, bound=bound, size=list(size), variant=variant,
+                 skipped=str(e))
+            continue
+        try:
+            ms = harness.median_ms(step, n, reps=args.reps, warmup=3, sync=sync)
+        except Exception as e:  # noqa: BLE001 - a peer's failure is reported, handoff's fails the run
+            emit(figure="step_time", model=name, bound=bound, size=list(size), variant=variant,
+                 error=f"{type(e).__name__}: {str(e)[:300]}")
+            if variant != "torch_jax_interop":
+                check(False, f"{name}/{bound}/{variant}: {type(e).__name__}: {e}")
+            continue
+        results[variant] = ms
+        emit(figure="step_time", model=name, bound=bound, size=list(size), variant=variant, ms=round(ms, 4),
+             vs_torch=round(ms / results["torch"], 3) if "torch" in results else None)
+    if "torch" in results:
+        emit(figure="step_time_summary", model=name, bound=bound, size=list(size),
+             ratio_to_torch={v: round(ms / results["torch"], 3) for v, ms in results.items()})
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def make_step(torch, jax, jnp, handoff, tji, variant, model, x, name, heads):
+    """``(step, sync)`` for :func:`harness.median_ms`: one training step of ``variant``
+    per call, ``sync`` waiting for the last one."""
+    last = []
+
+    def jax_sync():
+        jax.block_until_ready(last[-1])
+
+    if variant == "torch":
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            (model(x) ** 2).mean().backward()
+            opt.step()
+
+        return step, torch.cuda.synchronize
+    if variant == "handoff":
+        fn, params = handoff.jax_module(model)
+        xs = handoff.to_jax(x)
+    elif variant == "jax":
+        params = {k: handoff.to_jax(p.detach().clone()) for k, p in model.named_parameters()}
+        fn, xs = jax_model(jax, jnp, name, heads), handoff.to_jax(x)
+    else:
+        if tji is None:
+            raise _Unavailable("torch_jax_interop does not import here")
+        with torch.no_grad():
+            example = model(x)
+        fn, params = tji(model, example_output=example)
+        xs = handoff.to_jax(x)
+    train = jax_step(jax, jnp, fn)
+    state = [params]
+
+    def step():
+        loss, state[0], _ = train(state[0], xs)
+        last[:] = [loss]
+
+    return step, jax_sync
+
+
+def load_torch_jax_interop():
+    """``(torch_module_to_jax, version)``, or ``(None, why)`` where it does not import
+    (``gpu-bundle/run.sh`` installs torch-jax-interop 0.0.8 and chex beside the
+    scripts)."""
+    try:
+        from torch_jax_interop import torch_module_to_jax
+    except Exception as e:  # noqa: BLE001
+        return None, f"not run: {type(e).__name__}: {e}"
+    import importlib.metadata
+
+    try:
+        return torch_module_to_jax, importlib.metadata.version("torch_jax_interop")
+    except Exception:  # noqa: BLE001
+        return torch_module_to_jax, "unknown"
+
+
+if __name__ == "__main__":
+    harness.run(main)
