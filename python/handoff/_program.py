@@ -165,15 +165,7 @@ class Program:
 
     def backward(self, shapes: Sequence[int], saved: Sequence[Any], cts: Sequence[Any]) -> List[Any]:
         """The gradients of the inputs that a present cotangent reaches, in order."""
-        traced = self.traced(_split(shapes, self.ranks))
-        missing = tuple(ct is None for ct in cts)
-        present = [ct for ct, fl, m in zip(cts, traced.out_float, missing) if fl and not m]
-        with _jax_config.configured(self.context):
-            bwd = traced.bwd(missing)
-            arrays = _as_jax(list(saved) + present)
-            grads = bwd(arrays[: len(saved)], arrays[len(saved):])
-        self.owner._count_execution()
-        return _to_torch_many(grads)
+        return self.traced(_split(shapes, self.ranks)).backward(saved, cts)
 
     def fake_backward(self, shapes: Sequence[Any], cts: Sequence[Any]) -> List[Any]:
         """What :meth:`backward` returns, as fake tensors; nothing runs."""
@@ -285,6 +277,18 @@ class Traced:
             jaxpr = self._closed.jaxpr
             self._reach = _dependencies(jaxpr)[: len(self.out_avals)]
         return self._reach
+
+    def backward(self, saved: Sequence[Any], cts: Sequence[Any]) -> List[Any]:
+        """:meth:`Program.backward` at this trace's shapes."""
+        program = self.program
+        missing = tuple(ct is None for ct in cts)
+        present = [ct for ct, fl, m in zip(cts, self.out_float, missing) if fl and not m]
+        with _jax_config.configured(program.context):
+            bwd = self.bwd(missing)
+            arrays = _as_jax(list(saved) + present)
+            grads = bwd(arrays[: len(saved)], arrays[len(saved):])
+        program.owner._count_execution()
+        return _to_torch_many(grads)
 
     def bwd(self, missing: Tuple[bool, ...]) -> Any:
         """The jitted backward for this pattern of absent cotangents: takes the saved

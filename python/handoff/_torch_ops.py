@@ -86,7 +86,7 @@ def _setup_context(ctx: Any, inputs: Sequence[Any], output: Sequence[torch.Tenso
     ctx.key = key
     ctx.shapes = [d for a in args for d in a.shape]
     ctx.n_out = prog.n_out
-    traced = prog.for_tensors(args)
+    ctx.traced = traced = prog.for_tensors(args)
     if prog.vjp:
         ctx.save_for_backward(*prog.saved(args, output, traced))
     nondiff = [o for o, fl in zip(output, traced.out_float) if not fl] + list(output[prog.n_out:])
@@ -113,13 +113,13 @@ def _backward(ctx: Any, grads: Sequence[Any]) -> List[Any]:
     _HERE.known = getattr(ctx, "known", None)  # taken by the kernel below, on this thread
     try:
         if _unobserved(saved) and _unobserved(ct for ct in cts if ct is not None):
-            got = prog.backward(ctx.shapes, saved, cts)
+            got = ctx.traced.backward(saved, cts)
         else:
             got = torch.ops.handoff.call_bwd(ctx.key, ctx.shapes, saved, cts)
     finally:
         _HERE.known = None
     result: List[Any] = [None] * len(prog.diff)
-    for i, g in zip(prog.reached(ctx.shapes, cts), got):
+    for i, g in zip(ctx.traced.reached(tuple(ct is None for ct in cts)), got):
         result[i] = g
     return result
 
