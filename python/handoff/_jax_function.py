@@ -15,7 +15,7 @@ import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _jax_config
+from . import _imports, _jax_config
 
 __all__ = ["JaxFunction", "jax_function", "jax_module"]
 
@@ -142,6 +142,7 @@ class JaxFunction:
     def __init__(self, fn: Callable[..., Any], out_shapes: Any = None, *, out: bool = False,
                  random: Optional[bool] = None, vmap_method: Optional[str] = "torch",
                  host_syncs: str = "error", cache_size: int = 64, _device: Any = None) -> None:
+        _imports.need("jax", "handoff.jax_function")
         if not callable(fn):
             raise TypeError(f"handoff.jax_function: fn must be callable, got {type(fn).__name__} {fn!r:.60}")
         if vmap_method not in _VMAP_METHODS:
@@ -339,9 +340,7 @@ def torch() -> Any:
     framework)."""
     global _TORCH
     if _TORCH is None:
-        import torch as t
-
-        _TORCH = t
+        _TORCH = _imports.need("torch", "handoff.jax_function")
     return _TORCH
 
 

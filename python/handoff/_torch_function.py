@@ -20,7 +20,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union, overload
 
-from . import _jax_config, _tree
+from . import _imports, _jax_config, _tree
 from ._program import Program
 
 __all__ = ["TorchFunction", "torch_function"]
@@ -467,7 +467,8 @@ _TORCH = None
 def _torch():
     global _TORCH
     if _TORCH is None:
-        import torch
+        torch = _imports.need("torch", "handoff.torch_function")
+        _imports.need("jax", "handoff.torch_function")
 
         from . import _torch_ops  # noqa: F401 - registers handoff::call and handoff::call_bwd
 

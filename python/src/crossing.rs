@@ -27,7 +27,7 @@ use crate::ordered::{Ordered, check_device};
 use crate::torch_api::Torch;
 use handoff_runtime::ffi::{DLDataTypeCode, DLDeviceType};
 use handoff_runtime::{Access, Handoff, Stream};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyModuleNotFoundError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -69,16 +69,18 @@ pub fn set_route(route: &str) -> PyResult<()> {
 
 /// The route each crossing takes in this process, and why: `{"torch_to_jax":
 /// "native" | "public", "jax_to_torch": ..., "reasons": {"torch": ..., "jax": ...,
-/// "forced": ...}}`. Imports PyTorch and JAX.
+/// "forced": ...}}`. Imports PyTorch and JAX; one that is not installed is reported as
+/// such (`"not installed (...)"`), and the route is then the public one.
 #[pyfunction]
 pub fn routes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let torch = Torch::get(py, true)?.expect("imported");
-    let jax = Jax::get(py)?;
+    let (torch_ok, torch) =
+        described(py, Torch::get(py, true).map(|t| t.expect("imported")), |t| t.found.clone())?;
+    let (jax_ok, jax) = described(py, Jax::get(py), |j| j.found.clone())?;
     let forced = PUBLIC_ONLY.load(Ordering::Relaxed);
-    let route = if torch.is_ok() && jax.is_ok() && !forced { "native" } else { "public" };
+    let route = if torch_ok && jax_ok && !forced { "native" } else { "public" };
     let reasons = PyDict::new(py);
-    reasons.set_item("torch", torch.as_ref().map_or_else(Clone::clone, |t| t.found.clone()))?;
-    reasons.set_item("jax", jax.as_ref().map_or_else(Clone::clone, |j| j.found.clone()))?;
+    reasons.set_item("torch", torch)?;
+    reasons.set_item("jax", jax)?;
     reasons.set_item(
         "forced",
         match forced {
@@ -94,6 +96,23 @@ pub fn routes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("jax_to_torch", route)?;
     d.set_item("reasons", reasons)?;
     Ok(d)
+}
+
+/// Whether a framework's native entry points can be used, and why (what was found, what
+/// is missing, or that the framework is not installed).
+fn described<T>(
+    py: Python<'_>,
+    got: PyResult<&Result<T, String>>,
+    found: impl Fn(&T) -> String,
+) -> PyResult<(bool, String)> {
+    match got {
+        Ok(Ok(t)) => Ok((true, found(t))),
+        Ok(Err(why)) => Ok((false, why.clone())),
+        Err(e) if e.is_instance_of::<PyModuleNotFoundError>(py) => {
+            Ok((false, format!("not installed ({})", e.value(py))))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The public route: the frameworks' `from_dlpack` (looked up once) of `handoff.ordered(x)`.
@@ -154,7 +173,10 @@ fn native_to_torch(py: Python<'_>) -> PyResult<Option<(&'static Torch, &'static 
 /// ```
 #[pyfunction]
 pub fn to_jax<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    cross_to_jax(native_to_jax(x.py())?, x, false, &mut OrderOnce::default())
+    let py = x.py();
+    native_to_jax(py)
+        .and_then(|native| cross_to_jax(native, x, false, &mut OrderOnce::default()))
+        .map_err(|e| errors::with_missing_package(py, e, "handoff.to_jax"))
 }
 
 /// `[to_jax(t.detach()) for t in tensors]` for `handoff.torch_function`, each made
@@ -231,8 +253,11 @@ fn copy_for_xla<'py>(t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 #[pyfunction]
 #[pyo3(signature = (x, *, writable = false))]
 pub fn to_torch<'py>(x: &Bound<'py, PyAny>, writable: bool) -> PyResult<Bound<'py, PyAny>> {
+    let py = x.py();
     let access = if writable { Access::Write } else { Access::Read };
-    cross_to_torch(native_to_torch(x.py())?, x, access, &mut None)
+    native_to_torch(py)
+        .and_then(|native| cross_to_torch(native, x, access, &mut None))
+        .map_err(|e| errors::with_missing_package(py, e, "handoff.to_torch"))
 }
 
 /// `[to_torch(a) for a in arrays]`, in one call (`handoff.torch_function`). Inside a

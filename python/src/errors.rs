@@ -1,7 +1,7 @@
 //! The exceptions of `handoff`, and the mapping of the runtime's errors onto them.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyRuntimeWarning};
+use pyo3::exceptions::{PyBufferError, PyModuleNotFoundError, PyRuntimeError, PyRuntimeWarning};
 use pyo3::prelude::*;
 
 create_exception!(
@@ -55,4 +55,29 @@ pub fn with_capture_hint(py: Python<'_>, e: PyErr) -> PyErr {
     );
     hinted.set_cause(py, Some(e));
     hinted
+}
+
+/// `e` naming what needs the package, where `e` says a package of the frameworks
+/// handoff crosses between is not installed (`ModuleNotFoundError` for `torch`, `jax`
+/// or `jaxlib`): a `ModuleNotFoundError` that names `what` (`handoff.to_torch`), the
+/// framework and how to install it, caused by `e`. Any other error as it is.
+pub fn with_missing_package(py: Python<'_>, e: PyErr, what: &str) -> PyErr {
+    if !e.is_instance_of::<PyModuleNotFoundError>(py) {
+        return e;
+    }
+    let Ok(Some(name)) = e.value(py).getattr("name").and_then(|n| n.extract::<Option<String>>()) else {
+        return e;
+    };
+    let top = name.split('.').next().unwrap_or_default();
+    let (framework, install) = match top {
+        "torch" => ("PyTorch", "pip install torch"),
+        "jax" | "jaxlib" => ("JAX", "pip install jax"),
+        _ => return e,
+    };
+    let named = PyModuleNotFoundError::new_err(format!(
+        "{what} needs {framework}, which is not installed in this environment (no module named \
+         {name:?}): {install}"
+    ));
+    named.set_cause(py, Some(e));
+    named
 }
