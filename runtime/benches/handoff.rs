@@ -12,9 +12,9 @@
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use handoff_runtime::mock::{Mock, MockTensor};
+use handoff_runtime::testing::NoopBackend;
 use handoff_runtime::{
-    Backend, Device, EventPool, Export, Handoff, Import, RawEvent, RawStream, Ready, Result, Stream,
-    StreamOrdered, TensorDesc, dtype::DataType, order,
+    Device, Export, Handoff, Import, Ready, Result, Stream, StreamOrdered, TensorDesc, dtype::DataType, order,
 };
 use std::sync::Arc;
 
@@ -32,37 +32,6 @@ impl StreamOrdered for HostVec {
 impl Export for HostVec {
     fn describe(&self) -> Result<TensorDesc<'_>> {
         Ok(TensorDesc::new(self.0.as_ptr() as *mut _, Device::Host, DataType::F32, &self.1[..]))
-    }
-}
-
-/// A device backend whose calls do nothing: what is left is the runtime's own work.
-struct Idle(EventPool);
-
-impl Backend for Idle {
-    fn name(&self) -> &'static str {
-        "idle"
-    }
-    fn device(&self) -> Device {
-        Device::Cuda(0)
-    }
-    fn event_pool(&self) -> &EventPool {
-        &self.0
-    }
-    fn create_event(&self) -> Result<RawEvent> {
-        Ok(1)
-    }
-    fn destroy_event(&self, _: RawEvent) {}
-    fn record(&self, _: RawEvent, _: RawStream) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: RawEvent) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self, _: RawEvent) -> Result<()> {
-        Ok(())
     }
 }
 
@@ -128,8 +97,10 @@ impl Import for DeviceTensor {
 
 const _: () = assert!(size_of::<DeviceTensor>() <= 128);
 
-/// Lives as long as the process, as the CUDA backend does (`Stream::new_static`).
-static IDLE: Idle = Idle(EventPool::new());
+/// A device backend whose calls do nothing (and count nothing): what is left is the
+/// runtime's own work. Lives as long as the process, as the CUDA backend does
+/// (`Stream::new_static`).
+static IDLE: NoopBackend = NoopBackend::new(Device::Cuda(0));
 
 fn bench(c: &mut Criterion) {
     let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(());

@@ -13,6 +13,8 @@
 //! - [`stats()`] and [`mod@stats`]: counters of every record, wait, elision, copy and host sync.
 //! - [`graph`]: hand-offs made while a stream captures a CUDA graph.
 //! - [`mock`]: a simulated device with a hazard checker, for tests without a GPU.
+//! - `testing` (cargo feature `testing`): a device backend that does nothing, for
+//!   tests and benchmarks of code over streams and events.
 //!
 //! ```
 //! use handoff_runtime::{mock::{Mock, MockTensor}, stats, Export, Ready};
@@ -44,6 +46,8 @@ pub mod registry;
 pub mod stats;
 pub mod storage;
 mod stream;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod transfer;
 mod validate;
 

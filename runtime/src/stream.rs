@@ -326,21 +326,10 @@ impl Stream {
     /// few of its free events, so ordering on it and releasing after it take no lock.
     ///
     /// ```
-    /// use handoff_runtime::{Backend, Device, EventPool, RawEvent, RawStream, Result, Stream};
-    /// /// A device whose work is always done (a sketch: a real backend calls its driver).
-    /// struct Instant(EventPool);
-    /// impl Backend for Instant {
-    ///     fn name(&self) -> &'static str { "instant" }
-    ///     fn device(&self) -> Device { Device::Cuda(0) }
-    ///     fn event_pool(&self) -> &EventPool { &self.0 }
-    ///     fn create_event(&self) -> Result<RawEvent> { Ok(1) }
-    ///     fn destroy_event(&self, _: RawEvent) {}
-    ///     fn record(&self, _: RawEvent, _: RawStream) -> Result<()> { Ok(()) }
-    ///     fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> { Ok(()) }
-    ///     fn query(&self, _: RawEvent) -> Result<bool> { Ok(true) }
-    ///     fn synchronize(&self, _: RawEvent) -> Result<()> { Ok(()) }
-    /// }
-    /// static INSTANT: Instant = Instant(EventPool::new());
+    /// use handoff_runtime::testing::NoopBackend; // (feature `testing`)
+    /// use handoff_runtime::{Device, Stream};
+    /// /// A device whose work is always done (a real backend calls its driver).
+    /// static INSTANT: NoopBackend = NoopBackend::new(Device::Cuda(0));
     /// let (a, b) = (Stream::new_static(&INSTANT, 1), Stream::new_static(&INSTANT, 2));
     /// assert_ne!(a, b);
     /// assert_eq!(a, Stream::new_static(&INSTANT, 1));
@@ -621,66 +610,22 @@ impl Backend for HostBackend {
 mod tests {
     use super::*;
     use crate::ordered::{Ready, order};
-
-    /// A device whose every call succeeds, which counts the events it creates, and
-    /// whose handle 2 means "the calling thread's stream", as CUDA's per-thread
-    /// default stream does.
-    struct Quiet {
-        pool: EventPool,
-        created: AtomicU64,
-    }
-
-    impl Quiet {
-        const fn new() -> Quiet {
-            Quiet { pool: EventPool::new(), created: AtomicU64::new(0) }
-        }
-    }
-
-    impl Backend for Quiet {
-        fn name(&self) -> &'static str {
-            "quiet"
-        }
-        fn device(&self) -> Device {
-            Device::Mock(7)
-        }
-        fn event_pool(&self) -> &EventPool {
-            &self.pool
-        }
-        fn create_event(&self) -> Result<RawEvent> {
-            Ok(self.created.fetch_add(1, Ordering::SeqCst) + 1)
-        }
-        fn destroy_event(&self, _: RawEvent) {}
-        fn record(&self, _: RawEvent, _: RawStream) -> Result<()> {
-            Ok(())
-        }
-        fn wait(&self, _: RawStream, _: RawEvent) -> Result<()> {
-            Ok(())
-        }
-        fn query(&self, _: RawEvent) -> Result<bool> {
-            Ok(true)
-        }
-        fn synchronize(&self, _: RawEvent) -> Result<()> {
-            Ok(())
-        }
-        fn is_thread_relative(&self, stream: RawStream) -> bool {
-            stream == 2
-        }
-    }
+    use crate::testing::NoopBackend;
 
     #[test]
     fn a_thread_keeps_a_few_spare_events_and_gives_them_back_when_it_ends() {
         // Process-lived, as CUDA's backends are.
-        static LASTING: Quiet = Quiet::new();
+        static LASTING: NoopBackend = NoopBackend::new(Device::Mock(7));
         let s = Stream::with_backend(BackendRef::Process(&LASTING), 1);
         let s2 = s.clone();
-        let pool = &LASTING.pool;
+        let pool = LASTING.event_pool();
         std::thread::spawn(move || {
             // One event, reused through this thread's spares: none created again, and
             // none went back to the pool meanwhile.
             for _ in 0..10 {
                 drop(s.record().unwrap());
             }
-            assert_eq!(LASTING.created.load(Ordering::SeqCst), 1);
+            assert_eq!(pool.created(), 1);
             assert_eq!(pool.free(), 0);
             // Ten at once: eight stay with the thread; the ninth finds no room, and the
             // older half (four) goes back to the pool in one go.
@@ -692,7 +637,7 @@ mod tests {
         .unwrap();
         // The thread ended: its spares went back.
         assert_eq!(pool.free(), 10);
-        assert_eq!(LASTING.created.load(Ordering::SeqCst), 10);
+        assert_eq!(pool.created(), 10);
         // A thread that runs out takes half its room from the pool at once.
         std::thread::spawn(move || {
             let e = s2.record().unwrap();
@@ -703,12 +648,15 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(pool.free(), 10);
-        assert_eq!(LASTING.created.load(Ordering::SeqCst), 10, "none created: all came from the pool");
+        assert_eq!(pool.created(), 10, "none created: all came from the pool");
     }
 
     #[test]
     fn a_thread_relative_handle_is_the_stream_of_the_thread_that_made_it() {
-        let backend: Arc<dyn Backend> = Arc::new(Quiet::new());
+        // Handle 2 means "the calling thread's stream", as CUDA's per-thread default
+        // stream does.
+        let device = Arc::new(NoopBackend::new(Device::Mock(7)).thread_relative(2).counted());
+        let backend: Arc<dyn Backend> = device.clone();
         let here = Stream::new(backend.clone(), 2);
         let b = backend.clone();
         let there = std::thread::spawn(move || Stream::new(b, 2)).join().unwrap();
@@ -723,7 +671,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(here.wait(&here.record().unwrap()), Ok(())));
+        let records = device.calls().records;
         assert!(matches!(there.record(), Err(Error::WrongThread { .. })));
+        assert_eq!(device.calls().records, records, "a refused record reached the device");
         // Other handles of the backend are one stream on every thread.
         let b = backend.clone();
         let plain_there = std::thread::spawn(move || Stream::new(b, 5)).join().unwrap();
