@@ -41,7 +41,7 @@ pub fn describe<'a, S: Storage + ?Sized>(storage: &'a S, mut desc: TensorDesc<'a
         Some(s) => Cow::Borrowed(&s[..]),
         None => Cow::Owned(
             dlpark::tensor::compact_strides(&desc.shape)
-                .map_err(|_| crate::ValidationError::ShapeOverflow { shape: desc.shape.to_vec() })?,
+                .map_err(|_| crate::error::ValidationError::ShapeOverflow { shape: desc.shape.to_vec() })?,
         ),
     };
     let len = storage.byte_len();

@@ -49,9 +49,9 @@ pub use crate::stream::Kept;
 /// graph::keep(&s, vec![0u8; 4]).unwrap();
 /// assert_eq!(mock.end_capture(&s).kept(), 1);
 /// ```
-pub fn keep<K: Send + 'static>(stream: &crate::Stream, value: K) -> crate::Result<()> {
+pub fn keep<K: Send + 'static>(stream: &crate::stream::Stream, value: K) -> crate::error::Result<()> {
     if !stream.is_capturing()? {
-        return Err(crate::Error::Backend {
+        return Err(crate::error::Error::Backend {
             backend: stream.backend().name(),
             call: "graph::keep",
             message: format!("{stream:?} is not capturing a graph"),

@@ -1,16 +1,22 @@
 //! `cargo xtask layout` (and the first step of `cargo xtask test`): what
 //! `docs/ARCHITECTURE.md` says of the code's layout, checked against the code.
 //!
-//! - **Cycles.** Within each crate, no cycle of top-level modules (a module's files
-//!   and submodules count as the module; the crate root, which declares and
-//!   re-exports the modules, is no module). A module uses another where its code
+//! - **Cycles** (`cycles`). Within each crate, no cycle of top-level modules (a
+//!   module's files and submodules count as the module; the crate root, which declares
+//!   and re-exports the modules, is no module). A module uses another where its code
 //!   names `crate::other` (`$crate::other` in a macro), `super::other` from the top
 //!   level, or an item the crate root re-exports from `other` (`crate::Item`); an
 //!   item the crate root defines itself is not followed. Comments, strings and
 //!   `#[cfg(test)]` items (`mod tests`, test-only functions) are left out; other `cfg`s
-//!   count (a feature-gated module is in the graph). A cycle found is an error naming the files and lines of each
-//!   step, unless the document's "Cycles" section lists it; a listed cycle that is
-//!   gone is an error too, so the section stays current.
+//!   count (a feature-gated module is in the graph). A cycle found is an error naming
+//!   the files and lines of each step, unless the document's "Cycles" section lists
+//!   it; a listed cycle that is gone is an error too, so the section stays current.
+//! - **Imports** (`imports`), in the same code. A module other than the crate root
+//!   names an item the root re-exports from one of its modules by that module's path
+//!   (`crate::stream::Stream`), not through the root (`crate::Stream`, `$crate::Stream`,
+//!   `super::Stream` from the top level); modules and the root's own items are named
+//!   from the root. No `pub use` (any `pub(..)`) renames one of the crate's own items
+//!   (`pub use home::here as home_here`). Each is an error naming the file and line.
 //! - **Sizes.** Every Rust source file over [`LIMIT`] lines in the library and binary
 //!   sources ([`SOURCES`]: not tests, benches, examples or fuzz targets), and every
 //!   Python module of the package ([`PY_SOURCES`]), is listed in the document's "Files
@@ -18,12 +24,23 @@
 //! - **Paths.** Every path in backticks in the document (a span with a `/`, or one
 //!   ending in `.rs`, `.py`, `.md` or `.toml`; not one with a space, `<`, `*`, `{` or
 //!   `://`, nor an extension alone) exists, relative to the repository root.
+//! - **The walk** (`walk`). Every function the document's walk of one tensor names (its
+//!   numbered hops, their side calls, the releases after them) is a `fn` of the file
+//!   the text gives it; the hops and files it states are those counted; and how many
+//!   hops come back to each file is printed.
 //!
-//! Reads files only; no dependencies.
+//! Each check also counts what it read, and fails below a floor: a check that read
+//! nothing would otherwise pass. Reads files only; no dependencies.
+
+mod cycles;
+mod imports;
+mod tokens;
+mod walk;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+use tokens::{Token, tokens, use_tree, without_test_items};
 
 /// The document checked, from the repository root.
 pub const DOC: &str = "docs/ARCHITECTURE.md";
@@ -57,9 +74,15 @@ pub fn check(root: &Path) -> Result<(), String> {
     let mut problems = Vec::new();
     let files = source_files(root, &mut problems);
     let crates = crates(root, &mut problems);
-    check_cycles(&crates, &doc, &mut problems);
+    cycles::check_cycles(&crates, &doc, &mut problems);
+    let (mut root_paths, mut reexports) = (0, 0);
+    for c in &crates {
+        let (p, r) = imports::check(c, &mut problems);
+        (root_paths, reexports) = (root_paths + p, reexports + r);
+    }
     let big = check_sizes(root, &files, &doc, &mut problems);
     let paths = check_paths(root, &doc, &mut problems);
+    let walk = walk::check(root, &files, &doc, &mut problems);
     // Guards against a check that passes because it read nothing.
     let modules: usize = crates.iter().map(|c| c.modules.len()).sum();
     let uses: usize = crates.iter().map(|c| c.edges.values().map(BTreeMap::len).sum::<usize>()).sum();
@@ -68,7 +91,11 @@ pub fn check(root: &Path) -> Result<(), String> {
         ("crates", crates.len(), 8),
         ("modules", modules, 60),
         ("module uses", uses, 100),
+        ("paths from a crate root", root_paths, 300),
+        ("re-exports", reexports, 50),
         ("paths named in the document", paths, 20),
+        ("names in the walk", walk.names, 80),
+        ("hops in the walk", walk.hops, 30),
     ] {
         if found < least {
             problems
@@ -78,9 +105,22 @@ pub fn check(root: &Path) -> Result<(), String> {
     if problems.is_empty() {
         println!(
             "xtask: layout: {} crates, {modules} modules, {uses} module uses, no unlisted cycle; \
-             {} source files, {big} over {LIMIT} lines, each listed in {DOC}; {paths} named paths exist",
+             {root_paths} paths from a crate root, none through a re-export; {reexports} re-exports, \
+             none renaming its crate's item; {} source files, {big} over {LIMIT} lines, each listed in {DOC}; \
+             {paths} named paths exist; the walk's {} names exist ({} in the file given them)",
             crates.len(),
-            files.len()
+            files.len(),
+            walk.names,
+            walk.with_file,
+        );
+        let mut returns: Vec<(&String, &usize)> = walk.returns.iter().collect();
+        returns.sort_by_key(|(f, n)| (std::cmp::Reverse(**n), *f));
+        let returns: Vec<String> = returns.iter().map(|(f, n)| format!("{f} {n}")).collect();
+        println!(
+            "xtask: layout: the walk: {} hops through {} files; hops back to a file it had left: {}",
+            walk.hops,
+            walk.files,
+            if returns.is_empty() { "none".into() } else { returns.join(", ") }
         );
         Ok(())
     } else {
@@ -213,16 +253,11 @@ fn slashed(path: &Path) -> String {
 }
 
 // ---------------------------------------------------------------------------------
-// Cycles
+// The crates' module trees
 
-/// A token of Rust code and its line: an identifier, `::`, or any other character
-/// but whitespace; comments, strings and character literals are left out.
-type Token = (usize, String);
-
-/// A path and the name it brings in (`a::b::C as D`: `([a, b, C], D)`); a module
-/// declared with `mod x;`, with the inline modules around the declaration
+/// A module declared with `mod x;`, with the inline modules around the declaration
 /// (`mod a { mod x; }`: `([a], x)`).
-type Named = (Vec<String>, String);
+type Declared = (Vec<String>, String);
 
 /// One crate's module graph.
 struct Crate {
@@ -230,9 +265,14 @@ struct Crate {
     root: String,
     /// Each top-level module, with its files.
     modules: BTreeMap<String, Vec<String>>,
+    /// What the crate root brings in from its modules, by name, each with its path
+    /// from the root (`pub use reaper::{drain, Drained};`: `drain` is `[reaper, drain]`).
+    reexports: BTreeMap<String, Vec<String>>,
     /// For each module, the modules it uses, each with the first place it does
     /// (`file:line`).
     edges: BTreeMap<String, BTreeMap<String, String>>,
+    /// Its files, the root first.
+    files: Vec<ModuleFile>,
 }
 
 /// A file of a crate's module tree, as read.
@@ -267,29 +307,38 @@ fn read_crate(root: &Path, crate_root: &Path, problems: &mut Vec<String>) -> Cra
     for f in files.iter().filter(|f| !f.module.is_empty()) {
         modules.entry(f.module[0].clone()).or_default().push(slashed(&f.path));
     }
-    // What the crate root re-exports, by name: `pub use device::Device;`.
-    let mut reexports = BTreeMap::new();
     let root_code = files.iter().find(|f| f.module.is_empty()).map_or(&[][..], |f| &f.code[..]);
-    for (i, _) in root_code.iter().enumerate().filter(|(_, (_, t))| t == "use") {
-        for (path, name) in use_tree(root_code, i + 1, &[]).0 {
-            let first = path.iter().find(|s| *s != "crate" && *s != "self");
-            if let Some(m) = first.filter(|m| modules.contains_key(*m)) {
-                reexports.insert(name, m.clone());
-            }
-        }
-    }
+    let reexports = reexports(root_code, |m| modules.contains_key(m));
     let mut edges: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for f in files.iter().filter(|f| !f.module.is_empty()) {
         let from = &f.module[0];
-        for (line, name) in scan(&f.code, f.module.len()).1 {
-            let to = if modules.contains_key(&name) { Some(&name) } else { reexports.get(&name) };
+        for (line, path) in scan(&f.code, f.module.len()).1 {
+            let name = &path[0];
+            let to = if modules.contains_key(name) { Some(name) } else { reexports.get(name).map(|p| &p[0]) };
             if let Some(to) = to.filter(|to| *to != from) {
                 let at = format!("{}:{line}", slashed(&f.path));
                 edges.entry(from.clone()).or_default().entry(to.clone()).or_insert(at);
             }
         }
     }
-    Crate { root: slashed(crate_root), modules, edges }
+    Crate { root: slashed(crate_root), modules, reexports, edges, files }
+}
+
+/// What the crate root (its code `root_code`) brings in from its modules (those for
+/// which `is_module` holds), by name, each with its path from the root: `pub use
+/// device::Device;` (or a private `use`) gives `Device`, `[device, Device]`.
+fn reexports(root_code: &[Token], is_module: impl Fn(&str) -> bool) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for (i, _) in root_code.iter().enumerate().filter(|(_, (_, t))| t == "use") {
+        for leaf in use_tree(root_code, i + 1, &[]).0 {
+            let path: Vec<String> =
+                leaf.path.into_iter().skip_while(|s| s == "crate" || s == "self").collect();
+            if path.first().is_some_and(|m| is_module(m)) {
+                out.insert(leaf.name, path);
+            }
+        }
+    }
+    out
 }
 
 /// Reads `file` (module path `module`) and the files of the modules it declares.
@@ -327,16 +376,16 @@ fn read_module_tree(
 
 /// What the code of a file at module depth `depth` declares and names: the modules
 /// it declares with `mod x;` (each with the inline modules it is declared in), and
-/// each name it reaches at the crate root, with its line: the segment after `crate::`
+/// each path it names from the crate root, with its line: the segments after `crate::`
 /// (`$crate::`), or after as many `super::` as lead to the root; each entry of a
-/// group (`crate::{a::X, b}`).
-fn scan(code: &[Token], depth: usize) -> (Vec<Named>, Vec<Token>) {
+/// group (`crate::{a::X, b}`: `[a, X]` and `[b]`).
+fn scan(code: &[Token], depth: usize) -> (Vec<Declared>, Vec<(usize, Vec<String>)>) {
     let (mut declared, mut names) = (Vec::new(), Vec::new());
     // The inline modules the scan is in, each with the brace depth it opened at.
     let mut inline: Vec<(String, usize)> = Vec::new();
     let mut braces = 0usize;
     let at = |i: usize| code.get(i).map_or("", |(_, t)| t.as_str());
-    for (i, (line, t)) in code.iter().enumerate() {
+    for (i, (_, t)) in code.iter().enumerate() {
         match t.as_str() {
             "{" => braces += 1,
             "}" => {
@@ -350,13 +399,8 @@ fn scan(code: &[Token], depth: usize) -> (Vec<Named>, Vec<Token>) {
             }
             "mod" if at(i + 2) == "{" => inline.push((at(i + 1).to_string(), braces)),
             "crate" if at(i + 1) == "::" => {
-                names.extend(
-                    use_tree(code, i, &[])
-                        .0
-                        .into_iter()
-                        .filter_map(|(p, _)| p.get(1).cloned())
-                        .map(|n| (*line, n)),
-                );
+                let leaves = use_tree(code, i, &[]).0.into_iter().filter(|l| l.path.len() > 1);
+                names.extend(leaves.map(|l| (l.line, l.path[1..].to_vec())));
             }
             "super" if at(i.wrapping_sub(1)) != "::" => {
                 let mut j = i;
@@ -364,7 +408,7 @@ fn scan(code: &[Token], depth: usize) -> (Vec<Named>, Vec<Token>) {
                     j += 2;
                 }
                 if (j - i) / 2 == depth + inline.len() {
-                    names.extend(use_tree(code, j, &[]).0.into_iter().map(|(p, _)| (*line, p[0].clone())));
+                    names.extend(use_tree(code, j, &[]).0.into_iter().map(|l| (l.line, l.path)));
                 }
             }
             _ => {}
@@ -373,315 +417,12 @@ fn scan(code: &[Token], depth: usize) -> (Vec<Named>, Vec<Token>) {
     (declared, names)
 }
 
-/// Parses the use tree (or path) at `code[i..]` under `prefix`: its leaves, each a
-/// path and the name it brings in (`a::{b::C as D, e}` gives `([a, b, C], D)` and
-/// `([a, e], e)`), and where it ends.
-fn use_tree(code: &[Token], mut i: usize, prefix: &[String]) -> (Vec<Named>, usize) {
-    let at = |i: usize| code.get(i).map_or("", |(_, t)| t.as_str());
-    let (mut leaves, mut path) = (Vec::new(), prefix.to_vec());
-    while is_ident(at(i)) {
-        path.push(at(i).to_string());
-        if at(i + 1) != "::" {
-            i += 1;
-            break;
-        }
-        i += 2;
-        if at(i) == "{" {
-            i += 1;
-            while !matches!(at(i), "}" | "") {
-                let (inner, end) = use_tree(code, i, &path);
-                leaves.extend(inner);
-                i = if at(end) == "," || end == i { end + 1 } else { end };
-            }
-            return (leaves, i + 1);
-        }
-    }
-    if path.len() > prefix.len() {
-        let mut name = path.last().cloned().unwrap_or_default();
-        if at(i) == "as" {
-            name = at(i + 1).to_string();
-            i += 2;
-        } else if name == "self" && path.len() > 1 {
-            path.pop();
-            name = path.last().cloned().unwrap_or_default();
-        }
-        leaves.push((path, name));
-    }
-    (leaves, i)
-}
-
-fn is_ident(t: &str) -> bool {
-    t.starts_with(|c: char| c.is_alphabetic() || c == '_')
-        && t.chars().all(|c| c.is_alphanumeric() || c == '_')
-}
-
-/// The tokens of Rust source `text` (see [`Token`]). A lifetime's quote is dropped,
-/// its name kept.
-fn tokens(text: &str) -> Vec<Token> {
-    let b = text.as_bytes();
-    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80;
-    let (mut out, mut line, mut i) = (Vec::new(), 1, 0);
-    while i < b.len() {
-        let start = i;
-        let rest = &b[i..];
-        if rest.starts_with(b"//") {
-            i += rest.iter().position(|&c| c == b'\n').unwrap_or(rest.len());
-        } else if rest.starts_with(b"/*") {
-            let mut depth = 0;
-            while i < b.len() {
-                if b[i..].starts_with(b"/*") {
-                    (depth, i) = (depth + 1, i + 2);
-                } else if b[i..].starts_with(b"*/") {
-                    (depth, i) = (depth - 1, i + 2);
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    i += 1;
-                }
-            }
-        } else if let Some((quote, hashes)) = raw_string(b, i) {
-            let close: Vec<u8> = std::iter::once(b'"').chain(std::iter::repeat_n(b'#', hashes)).collect();
-            let end = b[quote + 1..].windows(close.len()).position(|w| w == close);
-            i = end.map_or(b.len(), |e| quote + 1 + e + close.len());
-        } else if rest[0] == b'"' {
-            i += 1;
-            while i < b.len() && b[i] != b'"' {
-                i += if b[i] == b'\\' { 2 } else { 1 };
-            }
-            i += 1;
-        } else if rest[0] == b'\'' {
-            // A character literal ('a', '\n', '\'', 'µ'); else a lifetime ('a).
-            let len = if rest.get(1) == Some(&b'\\') {
-                rest.iter().skip(3).position(|&c| c == b'\'').map(|p| p + 3)
-            } else {
-                let n = rest.get(1).map_or(1, |&c| c.leading_ones().max(1) as usize);
-                (rest.get(1 + n) == Some(&b'\'')).then_some(1 + n)
-            };
-            i += len.map_or(1, |l| l + 1);
-        } else if ident(rest[0]) {
-            i += rest.iter().position(|&c| !ident(c)).unwrap_or(rest.len());
-            out.push((line, text[start..i].to_string()));
-        } else if rest.starts_with(b"::") {
-            out.push((line, "::".to_string()));
-            i += 2;
-        } else {
-            if !rest[0].is_ascii_whitespace() {
-                out.push((line, text[i..i + 1].to_string()));
-            }
-            i += 1;
-        }
-        line += b[start..i.min(b.len())].iter().filter(|&&c| c == b'\n').count();
-    }
-    out
-}
-
-/// Where a raw string starting at `b[i]` (`r"`, `r#"`, `br#"`, not inside an
-/// identifier) has its opening quote, and how many `#` it has.
-fn raw_string(b: &[u8], i: usize) -> Option<(usize, usize)> {
-    let inside = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
-    let j = match (&b[i..], inside) {
-        ([b'r', ..], false) => i + 1,
-        ([b'b', b'r', ..], false) => i + 2,
-        _ => return None,
-    };
-    let hashes = b[j..].iter().take_while(|&&c| c == b'#').count();
-    (b.get(j + hashes) == Some(&b'"')).then_some((j + hashes, hashes))
-}
-
-/// `code` without the items under `#[cfg(test)]` (a `mod tests { .. }` or
-/// `mod tests;`, a test-only function or import): each to its `;` or closing brace.
-fn without_test_items(code: Vec<Token>) -> Vec<Token> {
-    let mut out = Vec::with_capacity(code.len());
-    let mut i = 0;
-    while i < code.len() {
-        let cfg_test =
-            code[i..].iter().take(7).map(|(_, t)| t.as_str()).eq(["#", "[", "cfg", "(", "test", ")", "]"]);
-        if !cfg_test {
-            out.push(code[i].clone());
-            i += 1;
-            continue;
-        }
-        // Further attributes, then the item.
-        let (mut j, mut nesting, mut braces) = (i + 7, 0, 0);
-        while j < code.len() {
-            match code[j].1.as_str() {
-                "(" | "[" => nesting += 1,
-                ")" | "]" => nesting -= 1,
-                ";" if nesting == 0 && braces == 0 => break,
-                "{" if nesting == 0 => braces += 1,
-                "}" if nesting == 0 => {
-                    braces -= 1;
-                    if braces == 0 {
-                        break;
-                    }
-                }
-                _ => {}
-            }
-            j += 1;
-        }
-        i = j + 1;
-    }
-    out
-}
-
-/// Checks every crate's cycles against those the document lists.
-fn check_cycles(crates: &[Crate], doc: &str, problems: &mut Vec<String>) {
-    let Some(section) = section(doc, CYCLES_SECTION) else {
-        problems.push(format!("{DOC}: no \"## {CYCLES_SECTION}\" section"));
-        return;
-    };
-    let mut listed = listed_cycles(section);
-    for c in crates {
-        let graph: BTreeMap<String, BTreeSet<String>> = c
-            .modules
-            .keys()
-            .map(|m| (m.clone(), c.edges.get(m).map(|e| e.keys().cloned().collect()).unwrap_or_default()))
-            .collect();
-        for component in cycles(&graph) {
-            let set: BTreeSet<String> = component.iter().cloned().collect();
-            if listed.remove(&(c.root.clone(), set)) {
-                continue;
-            }
-            let path = cycle_in(&graph, &component);
-            let mut steps = String::new();
-            for pair in path.windows(2) {
-                let at = &c.edges[&pair[0]][&pair[1]];
-                let _ = write!(steps, "\n      {at}: `{}` uses `{}`", pair[0], pair[1]);
-            }
-            problems.push(format!(
-                "{}: module cycle {} (end it, or list it in {DOC} \"{CYCLES_SECTION}\" as \
-                 - `{}`: {}):{steps}",
-                c.root,
-                path.join(" -> "),
-                c.root,
-                component.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(" <-> "),
-            ));
-        }
-    }
-    for (root, set) in listed {
-        let names: Vec<String> = set.iter().map(|m| format!("`{m}`")).collect();
-        problems.push(format!(
-            "{DOC} \"{CYCLES_SECTION}\" lists the cycle {} of `{root}`, which is gone: take it off",
-            names.join(" <-> ")
-        ));
-    }
-}
-
-/// The cycles a "Cycles" section lists, one a line: ``- `runtime/src/lib.rs`: `a` <-> `b` ...``.
-fn listed_cycles(section: &str) -> BTreeSet<(String, BTreeSet<String>)> {
-    let mut out = BTreeSet::new();
-    for line in section.lines().filter(|l| l.starts_with("- `") && l.contains(" <-> ")) {
-        let mut spans = line.split('`').skip(1);
-        let Some(root) = spans.next() else { continue };
-        let mut modules = BTreeSet::new();
-        // `a` <-> `b` <-> `c`: spans at odd places, joined by " <-> " between them.
-        let mut rest = line.split('`').skip(2);
-        while let (Some(sep), Some(module)) = (rest.next(), rest.next()) {
-            let joined = if modules.is_empty() { sep.trim_start().starts_with(':') } else { sep == " <-> " };
-            if !joined {
-                break;
-            }
-            modules.insert(module.to_string());
-        }
-        if modules.len() > 1 {
-            out.insert((root.to_string(), modules));
-        }
-    }
-    out
-}
-
-/// The modules of `graph` that lie on a cycle, grouped: each group the nodes that
-/// reach one another (a strongly connected component), sorted.
-pub fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
-    // What each node reaches through one edge or more.
-    let reach = |from: &str| {
-        let mut seen = BTreeSet::new();
-        let mut todo: Vec<&str> = graph.get(from).into_iter().flatten().map(String::as_str).collect();
-        while let Some(v) = todo.pop() {
-            if seen.insert(v) {
-                todo.extend(graph.get(v).into_iter().flatten().map(String::as_str));
-            }
-        }
-        seen
-    };
-    let reaches: BTreeMap<&str, BTreeSet<&str>> = graph.keys().map(|v| (v.as_str(), reach(v))).collect();
-    let mut out: Vec<Vec<String>> = Vec::new();
-    for v in graph.keys().map(String::as_str).filter(|v| reaches[v].contains(v)) {
-        if !out.iter().flatten().any(|w| w == v) {
-            let mutual =
-                graph.keys().filter(|w| reaches[v].contains(w.as_str()) && reaches[w.as_str()].contains(v));
-            out.push(mutual.cloned().collect());
-        }
-    }
-    out
-}
-
-/// One cycle through the first node of `component` (one of [`cycles`]'s groups), the
-/// shortest, as the path of its nodes, first and last the same.
-pub fn cycle_in(graph: &BTreeMap<String, BTreeSet<String>>, component: &[String]) -> Vec<String> {
-    let inside: BTreeSet<&str> = component.iter().map(String::as_str).collect();
-    let start = component[0].as_str();
-    let mut came_from: BTreeMap<&str, &str> = BTreeMap::new();
-    let mut queue = std::collections::VecDeque::from([start]);
-    while let Some(v) = queue.pop_front() {
-        for w in graph.get(v).into_iter().flatten().map(String::as_str).filter(|w| inside.contains(w)) {
-            if w == start {
-                let mut path = vec![start.to_string()];
-                let mut at = v;
-                while at != start {
-                    path.push(at.to_string());
-                    at = came_from[at];
-                }
-                path.push(start.to_string());
-                path.reverse();
-                return path;
-            }
-            if !came_from.contains_key(w) {
-                came_from.insert(w, v);
-                queue.push_back(w);
-            }
-        }
-    }
-    component.to_vec()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn graph(edges: &[(&str, &str)]) -> BTreeMap<String, BTreeSet<String>> {
-        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (a, b) in edges {
-            g.entry(a.to_string()).or_default().insert(b.to_string());
-            g.entry(b.to_string()).or_default();
-        }
-        g
-    }
-
-    #[test]
-    fn a_graph_without_a_cycle_has_none() {
-        // A diamond and a chain: modules used from two places are no cycle.
-        let g = graph(&[("a", "b"), ("a", "c"), ("b", "d"), ("c", "d"), ("d", "e")]);
-        assert!(cycles(&g).is_empty());
-        assert!(cycles(&BTreeMap::new()).is_empty());
-    }
-
-    #[test]
-    fn each_cycle_is_found_and_walked_as_a_path() {
-        let g = graph(&[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("x", "y"), ("y", "x"), ("d", "e")]);
-        let found = cycles(&g);
-        assert_eq!(found, [vec!["a", "b", "c"], vec!["x", "y"]]);
-        assert_eq!(cycle_in(&g, &found[0]), ["a", "b", "c", "a"]);
-        assert_eq!(cycle_in(&g, &found[1]), ["x", "y", "x"]);
-        // Two cycles through `a` and `c`: one group, walked by its shortest cycle.
-        let g = graph(&[("a", "b"), ("b", "c"), ("c", "a"), ("a", "c")]);
-        assert_eq!(cycles(&g), [vec!["a", "b", "c"]]);
-        assert_eq!(cycle_in(&g, &cycles(&g)[0]), ["a", "c", "a"]);
-    }
-
     fn names(code: &str, depth: usize) -> Vec<String> {
-        scan(&without_test_items(tokens(code)), depth).1.into_iter().map(|(_, n)| n).collect()
+        scan(&without_test_items(tokens(code)), depth).1.into_iter().map(|(_, p)| p[0].clone()).collect()
     }
 
     #[test]
@@ -705,8 +446,9 @@ mod tests {
         let code = without_test_items(code);
         assert_eq!(scan(&code, 0).0, [(vec![], "a".to_string()), (vec!["b".to_string()], "c".to_string())]);
         let at = code.iter().position(|(_, t)| t == "use").unwrap();
-        let leaves: Vec<String> = use_tree(&code, at + 1, &[]).0.into_iter().map(|(_, n)| n).collect();
-        assert_eq!(leaves, ["X", "W", "a"]);
+        let leaves: Vec<(String, bool)> =
+            use_tree(&code, at + 1, &[]).0.into_iter().map(|l| (l.name, l.renamed)).collect();
+        assert_eq!(leaves, [("X".into(), false), ("W".into(), true), ("a".into(), false)]);
     }
 
     #[test]
@@ -721,13 +463,5 @@ mod tests {
         {
             assert!(!looks_like_path(span), "{span}");
         }
-    }
-
-    #[test]
-    fn listed_cycles_are_read_from_their_lines() {
-        let section =
-            "Intro `x` <-> `y`.\n\n- `runtime/src/lib.rs`: `device` <-> `error`: why (`z` <-> `w`)\n";
-        let set: BTreeSet<String> = ["device", "error"].map(String::from).into();
-        assert_eq!(listed_cycles(section), BTreeSet::from([("runtime/src/lib.rs".to_string(), set)]));
     }
 }

@@ -5,8 +5,10 @@
 //! - `test`   setup, then the layout check, `cargo fmt --check`, clippy (`-D warnings`) and
 //!   every test, of the workspace and of `fuzz/` (its own workspace: the fuzz targets' kept
 //!   inputs run through `fuzz/tests/regressions.rs`)
-//! - `layout` the layout check alone: no module cycle, every source file over 500 lines
-//!   listed, every path docs/ARCHITECTURE.md names present (see layout.rs)
+//! - `layout` the layout check alone: no module cycle, imports by module path and no
+//!   renaming re-export, every source file over 500 lines listed, every path
+//!   docs/ARCHITECTURE.md names present, every function its walk names in its file (see
+//!   layout.rs)
 //! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
 //! - `doctor` setup, then `handoff doctor` built with every adapter: what is registered and
 //!   what was found of libtorch, PJRT and CUDA on this machine

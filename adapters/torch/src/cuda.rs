@@ -117,5 +117,5 @@ pub fn use_stream(stream: &Stream) -> Result<StreamGuard> {
 #[cfg(feature = "cuda")]
 pub(crate) fn raw_of(stream: &Stream) -> Result<(u32, u64)> {
     handoff_runtime::cuda::raw_stream(stream)
-        .ok_or_else(|| crate::TorchError::NotCudaStream { stream: format!("{stream:?}") }.into())
+        .ok_or_else(|| crate::error::TorchError::NotCudaStream { stream: format!("{stream:?}") }.into())
 }

@@ -48,7 +48,7 @@
 //! # let _ = y; Ok(()) }
 //! ```
 
-use crate::TorchError;
+use crate::error::TorchError;
 use crate::ffi;
 use std::ffi::c_void;
 use std::ptr::NonNull;

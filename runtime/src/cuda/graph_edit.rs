@@ -72,7 +72,7 @@ impl Callback {
 ///     assert_eq!(cuda::settle_capture(&legacy, |_| true).unwrap(), cuda::Settled::default());
 /// }
 /// ```
-pub fn settle_capture(stream: &crate::Stream, is_foreign: impl Fn(usize) -> bool) -> Result<Settled> {
+pub fn settle_capture(stream: &crate::stream::Stream, is_foreign: impl Fn(usize) -> bool) -> Result<Settled> {
     let Some((ordinal, raw)) = super::raw_stream(stream) else {
         return Ok(Settled::default());
     };

@@ -113,7 +113,7 @@ thread_local! {
 }
 
 /// The calling thread's home (`None` while the thread is being torn down).
-pub(crate) fn here() -> Option<Home> {
+pub(crate) fn home_here() -> Option<Home> {
     LOCAL.try_with(|l| l.0).ok()
 }
 
@@ -121,18 +121,18 @@ pub(crate) fn here() -> Option<Home> {
 /// home's thread ended, or in a child made by `fork`, or while this thread drops what it
 /// took out of homes: what it drops on a home thread's behalf is dropped all the way);
 /// otherwise posts it to its home.
-pub(crate) fn give<K: Send + 'static>(home: Option<Home>, keep_alive: K) {
+pub(crate) fn give_home<K: Send + 'static>(home: Option<Home>, keep_alive: K) {
     give_as(home, keep_alive, KeepAlive::new)
 }
 
-/// [`give`] for a keep-alive already erased (a deferred release's): posted as it is.
+/// [`give_home`] for a keep-alive already erased (a deferred release's): posted as it is.
 pub(crate) fn give_erased(home: Option<Home>, keep_alive: KeepAlive) {
     give_as(home, keep_alive, |k| k)
 }
 
-/// [`give`], erasing `keep_alive`'s type with `erase` only when it is posted.
+/// [`give_home`], erasing `keep_alive`'s type with `erase` only when it is posted.
 fn give_as<K>(home: Option<Home>, keep_alive: K, erase: impl FnOnce(K) -> KeepAlive) {
-    let elsewhere = home.filter(|h| here().is_none_or(|mine| mine != *h));
+    let elsewhere = home.filter(|h| home_here().is_none_or(|mine| mine != *h));
     let elsewhere = elsewhere.filter(|_| MINE.try_with(|m| m.get() == 0).unwrap_or(false));
     let Some(home) = elsewhere.filter(|_| !FORKED.load(Ordering::Relaxed)) else {
         drop_quietly(keep_alive);
@@ -170,7 +170,7 @@ fn give_as<K>(home: Option<Home>, keep_alive: K, erase: impl FnOnce(K) -> KeepAl
 /// handoff_runtime::reaper::take_returns(); // nothing was posted here: returns at once
 /// ```
 pub fn take_returns() {
-    let Some(Home { slot, .. }) = here() else { return };
+    let Some(Home { slot, .. }) = home_here() else { return };
     if !slot.waiting.load(Ordering::Acquire) {
         return;
     }

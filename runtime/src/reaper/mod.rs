@@ -203,7 +203,7 @@ fn lock(r: &Reaper) -> MutexGuard<'_, State> {
 /// reaper::release_after(Some(&Stream::host()), memory); // host: dropped at once
 /// ```
 pub fn release_after<K: Send + 'static>(after: Option<&Stream>, keep_alive: K) {
-    release_for(home::here(), after, keep_alive)
+    release_for(home_here(), after, keep_alive)
 }
 
 /// [`release_after`] for a keep-alive whose hand-off `home`'s thread made: where it is
@@ -219,7 +219,7 @@ pub(crate) fn release_for<K: Send + 'static>(
     let Some(stream) = after.filter(|s| !s.is_host()) else {
         stats::count(Counter::ReleasesImmediate, 1);
         // At home, dropped in place: the immediate path allocates nothing there.
-        home::give(home, keep_alive);
+        give_home(home, keep_alive);
         return;
     };
     if FORKED.load(Ordering::Relaxed) {
@@ -244,7 +244,7 @@ pub(crate) fn release_for<K: Send + 'static>(
 /// Keeps `keep_alive` with the graph `stream` is capturing, to be given back to its
 /// home once the graph is destroyed ([`crate::graph`]); leaks it if the backend cannot.
 fn keep_with_graph<K: Send + 'static>(stream: &Stream, home: Option<home::Home>, keep_alive: K) {
-    let release = crate::graph::counted(Box::new(move || home::give(home, keep_alive)));
+    let release = crate::graph::counted(Box::new(move || give_home(home, keep_alive)));
     match stream.backend().keep_with_graph(stream.raw(), release) {
         Ok(()) => stats::count(Counter::ReleasesWithGraph, 1),
         Err((e, release)) => {
@@ -263,7 +263,7 @@ fn defer<K: Send + 'static>(
     stream: &Stream,
     keep_alive: K,
     home: Option<home::Home>,
-) -> Result<(), (crate::Error, K)> {
+) -> Result<(), (crate::error::Error, K)> {
     let r = reaper();
     let parked = {
         let mut s = lock(r);
@@ -322,7 +322,7 @@ fn query_probe(probe: &EventProbe) -> Result<bool, String> {
 }
 
 /// A query's answer, with a failure or a panic of the backend as text.
-fn answer(query: impl FnOnce() -> crate::Result<bool>) -> Result<bool, String> {
+fn answer(query: impl FnOnce() -> crate::error::Result<bool>) -> Result<bool, String> {
     match catch_unwind(AssertUnwindSafe(query)) {
         Ok(Ok(done)) => Ok(done),
         Ok(Err(e)) => Err(e.to_string()),
@@ -603,9 +603,8 @@ mod queue;
 mod tests;
 
 pub(crate) use home::Home;
-pub(crate) use home::give as give_home;
-pub(crate) use home::here as home_here;
 pub use home::{STALE, take_returns};
+pub(crate) use home::{give_home, home_here};
 
 use exit::atexit;
 use exit::drain_at_exit;

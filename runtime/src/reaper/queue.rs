@@ -31,7 +31,7 @@ pub(super) struct StreamKey {
 impl StreamKey {
     pub(super) fn of(stream: &Stream) -> StreamKey {
         StreamKey {
-            backend: stream.backend() as *const dyn crate::Backend as *const () as usize,
+            backend: stream.backend() as *const dyn crate::stream::Backend as *const () as usize,
             raw: stream.raw(),
             thread: stream.thread(),
         }

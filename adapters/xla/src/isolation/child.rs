@@ -45,12 +45,12 @@ fn child_main(device: &str) -> i32 {
         std::io::stdin()
             .read_to_end(&mut bytes)
             .map_err(|e| XlaError::invalid("standard input", "unreadable", e.to_string()))?;
-        let plugin = crate::Plugin::load(PathBuf::from(plugin))?;
+        let plugin = crate::plugin::Plugin::load(PathBuf::from(plugin))?;
         // A CUDA child takes GPU memory as it needs it, not most of the GPU at once.
         let options = if plugin.is_gpu() {
-            crate::ClientOptions::default().preallocate(false)
+            crate::options::ClientOptions::default().preallocate(false)
         } else {
-            crate::ClientOptions::default()
+            crate::options::ClientOptions::default()
         };
         Ok((Client::new(plugin, &options)?, device, bytes))
     })();
@@ -59,7 +59,7 @@ fn child_main(device: &str) -> i32 {
         Err(e) => return fail(NO_CLIENT, e),
     };
     let compiled = (|| -> Result<()> {
-        let source = crate::Source::from_bytes(bytes, None)?;
+        let source = crate::kernel::Source::from_bytes(bytes, None)?;
         let kernel = Kernel::compile(&client, source, &CompileOptions { device: Some(device) })?;
         if kernel.has_vjp() {
             kernel.vjp()?;
