@@ -104,7 +104,7 @@ class Signature:
             random = False
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if seeded in func.tags:
+                if seeded in func.tags and _draws(func, args, kwargs or {}):
                     Watch.random = True
                 return func(*args, **(kwargs or {}))
 
@@ -445,6 +445,23 @@ def _replay(sig: Signature, s: _Session, state: Any):
         yield
     finally:
         t.cuda.set_rng_state(saved, s.device)
+
+
+def _draws(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> bool:
+    """Whether a call of the operator ``func``, tagged ``nondeterministic_seeded``, draws
+    random numbers: not where its own arguments switch the randomness off (attention with
+    ``dropout_p=0``, a dropout with ``p=0`` or ``train=False``, a recurrent layer with
+    ``dropout=0`` or ``train=False``), which a module such as
+    ``scaled_dot_product_attention`` without dropout does on every call."""
+    names = [a.name for a in func._schema.arguments]
+    given = dict(zip(names, args), **kwargs)
+    if given.get("train", True) is False or given.get("training", True) is False:
+        return False
+    if given.get("dropout_p") == 0 or given.get("dropout") == 0:
+        return False
+    if "dropout" in func._schema.name and given.get("p") == 0:
+        return False
+    return True
 
 
 def _random_on_cuda(sig: Signature) -> BaseException:

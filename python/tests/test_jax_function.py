@@ -313,6 +313,24 @@ def test_dropout_backward_replays_the_forward_mask():
     assert [s.random for s in deterministic._signatures.values()] == [False]
 
 
+def test_operators_that_could_draw_but_are_told_not_to_are_not_random():
+    """An operator tagged nondeterministic_seeded draws only where its arguments allow:
+    attention without dropout (every plain scaled_dot_product_attention), a dropout of
+    p=0 or in eval mode. The controls draw."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    cases = {
+        "attention": (lambda q: sdpa(q, q, q, is_causal=True), False),
+        "attention with dropout": (lambda q: sdpa(q, q, q, dropout_p=0.1), True),
+        "dropout p=0": (lambda q: torch.nn.functional.dropout(q, 0.0), False),
+        "dropout eval": (lambda q: torch.ops.aten.native_dropout(q, 0.5, False)[0], False),
+        "dropout": (lambda q: torch.nn.functional.dropout(q, 0.5), True),
+    }
+    for name, (f, random) in cases.items():
+        fn = handoff.jax_function(f)
+        fn(jnp.ones((1, 2, 4, 8)))
+        assert [s.random for s in fn._signatures.values()] == [random], name
+
+
 def test_random_backward_on_cuda_is_refused_at_trace_time_under_host_syncs_error():
     """On CUDA the forward's generator state would have to be read back (a host sync):
     refused while jax.grad traces, before anything runs. The signature's device is set
