@@ -678,12 +678,15 @@ mod tables_tests {
     #[test]
     fn summarize_reads_an_h200_runs_logs_into_its_tables_and_verdicts() {
         let root = crate::root();
-        let run = "docs/gpu-runs/2026-12-05-h200-hostcost11-284c25d-run1";
-        let logs = ["handoff-examples__pipeline_gpu", "python_pipeline", "handoff-cuda__handoff_cuda"];
+        let logs = [
+            "docs/gpu-runs/2026-12-05-h200-hostcost11-284c25d-run1-handoff-examples__pipeline_gpu.log",
+            "docs/gpu-runs/2026-12-05-h200-hostcost11-284c25d-run1-python_pipeline.log",
+            "docs/gpu-runs/2026-12-05-h200-hostcost11-284c25d-run1-handoff-cuda__handoff_cuda.log",
+        ];
         let out = Command::new("python3")
             .current_dir(&root)
             .arg("bench/summarize.py")
-            .args(logs.iter().map(|l| format!("{run}-{l}.log")))
+            .args(logs)
             .output()
             .expect("python3 runs");
         let text = String::from_utf8_lossy(&out.stdout);

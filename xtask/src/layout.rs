@@ -1,5 +1,6 @@
 //! `cargo xtask layout` (and the first step of `cargo xtask test`): what
-//! `docs/ARCHITECTURE.md` says of the code's layout, checked against the code.
+//! `docs/ARCHITECTURE.md` says of the code's layout, checked against the code, and
+//! that the GPU logs are those the documents cite.
 //!
 //! - **Cycles** (`cycles`). Within each crate, no cycle of top-level modules (a
 //!   module's files and submodules count as the module; the crate root, which declares
@@ -28,10 +29,16 @@
 //!   numbered hops, their side calls, the releases after them) is a `fn` of the file
 //!   the text gives it; the hops and files it states are those counted; and how many
 //!   hops come back to each file is printed.
+//! - **The GPU logs** (`citations`). Every file under `docs/gpu-runs/` is cited (its path,
+//!   a folder above it or a `*` pattern matching it, in a Markdown file, a Rust file of
+//!   `xtask/src/`, or a log `bench/readme_performance.py` reads from its run), every
+//!   path cited there exists, and there are at most 100 files. Each is an error naming
+//!   the file (and the citing file and line).
 //!
 //! Each check also counts what it read, and fails below a floor: a check that read
 //! nothing would otherwise pass. Reads files only; no dependencies.
 
+mod citations;
 mod cycles;
 mod imports;
 mod tokens;
@@ -83,6 +90,7 @@ pub fn check(root: &Path) -> Result<(), String> {
     let big = check_sizes(root, &files, &doc, &mut problems);
     let paths = check_paths(root, &doc, &mut problems);
     let walk = walk::check(root, &files, &doc, &mut problems);
+    let logs = citations::check(root, &mut problems);
     // Guards against a check that passes because it read nothing.
     let modules: usize = crates.iter().map(|c| c.modules.len()).sum();
     let uses: usize = crates.iter().map(|c| c.edges.values().map(BTreeMap::len).sum::<usize>()).sum();
@@ -96,6 +104,9 @@ pub fn check(root: &Path) -> Result<(), String> {
         ("paths named in the document", paths, 20),
         ("names in the walk", walk.names, 80),
         ("hops in the walk", walk.hops, 30),
+        ("Markdown files read for citations of the GPU logs", logs.markdown, 5),
+        ("citations of the GPU logs", logs.cited, 20),
+        ("GPU logs", logs.logs, 20),
     ] {
         if found < least {
             problems
@@ -121,6 +132,16 @@ pub fn check(root: &Path) -> Result<(), String> {
             walk.hops,
             walk.files,
             if returns.is_empty() { "none".into() } else { returns.join(", ") }
+        );
+        println!(
+            "xtask: layout: {} GPU logs in {}/ (at most {}), each cited; {} citations of them \
+             ({} Markdown files, xtask's sources, {}), each present",
+            logs.logs,
+            citations::RUNS,
+            citations::MAX_LOGS,
+            logs.cited,
+            logs.markdown,
+            citations::SCRIPTS.join(", ")
         );
         Ok(())
     } else {
