@@ -21,7 +21,9 @@ XLA's command buffers off for itself (``jax.jit(..., compiler_options=...)``), a
   with an eager copy over 20 calls: outputs and gradients of both against the eager
   module alone.
 - ``cost``: the time to make the private client and its device memory, the first call's
-  compile time, and the ms per replay of a 256-wide mixed step (PyTorch, JAX, PyTorch).
+  compile time, and the ms per replay of a 256-wide mixed step (PyTorch, JAX, PyTorch);
+  ``--depth 8`` makes the JAX part 16 kernels, enough for XLA to put them in a command
+  buffer when ``--command-buffers on`` (the control of the per-executable switch).
 
 Prints JSON lines; exit 1 when a check fails.
 """
@@ -48,9 +50,13 @@ def emit(**fields):
     print(json.dumps(fields), flush=True)
 
 
+COMMAND_BUFFERS = "off"
+
+
 def jit(f):
-    """``jax.jit`` with XLA's command buffers off for this executable alone."""
-    return jax.jit(f, compiler_options=OFF)
+    """``jax.jit`` with XLA's command buffers off for this executable alone (``--command-
+    buffers on``: as JAX compiles by default)."""
+    return jax.jit(f, compiler_options=OFF) if COMMAND_BUFFERS == "off" else jax.jit(f)
 
 
 def private_client():
@@ -264,7 +270,13 @@ def graphed(args, place: Placement) -> int:
 
 def cost(args, place: Placement) -> int:
     n = 256
-    f = jit(lambda a, b: jax.nn.gelu(a @ b) * 1.1)
+
+    def layers(a, b):  # --depth matmuls, each with its activation: 2 x depth kernels
+        for _ in range(args.depth):
+            a = jax.nn.gelu(a @ b) * 1.1
+        return a
+
+    f = jit(layers)
     x = torch.randn(n, n, device="cuda")
     w = torch.randn(n, n, device="cuda") / n**0.5
 
@@ -298,7 +310,8 @@ def cost(args, place: Placement) -> int:
             torch.cuda.synchronize()
             reps.append((time.perf_counter() - t0) / 200 * 1e3)
         reps.sort()
-        result = dict(probe="cost", client=place.kind, replay_right=right, warm_up_ms=round(warm_ms, 2),
+        result = dict(probe="cost", client=place.kind, depth=args.depth, command_buffers=COMMAND_BUFFERS,
+                      replay_right=right, warm_up_ms=round(warm_ms, 2),
                       capture_ms=round(capture_ms, 2), replay_ms_median=round(reps[3], 5),
                       replay_ms_min=round(reps[0], 5), own_memory=memory(place.own))
         if place.client:
@@ -316,7 +329,12 @@ def main() -> int:
     ap.add_argument("--client", choices=["shared", "private"], required=True)
     ap.add_argument("--only-capturing", action="store_true",
                     help="warm up on JAX's own client: the private client's first call (and compile) is captured")
+    ap.add_argument("--depth", type=int, default=1, help="cost: matmul + gelu layers in the JAX function")
+    ap.add_argument("--command-buffers", choices=["on", "off"], default="off",
+                    help="on: compiled as JAX does by default (XLA's command buffers on)")
     args = ap.parse_args()
+    global COMMAND_BUFFERS
+    COMMAND_BUFFERS = args.command_buffers
     if not torch.cuda.is_available():
         print("SKIPPED: torch sees no CUDA device")
         return 0
