@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ._handoff import _count_copy, _host_sync
+from ._handoff import _count_copy
+from ._random import draws, random_on_cuda, replay, rng_bytes, rng_state
 from ._jax_function import _argument, _jax_dtype, _output, _paths, _struct, _torch_dtype, ours, torch
 
 #: DLPack device types read as CUDA devices by PyTorch (kDLCUDA, kDLROCM).
@@ -104,7 +104,7 @@ class Signature:
             random = False
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if seeded in func.tags and _draws(func, args, kwargs or {}):
+                if seeded in func.tags and draws(func, args, kwargs or {}):
                     Watch.random = True
                 return func(*args, **(kwargs or {}))
 
@@ -184,7 +184,7 @@ class Signature:
         options = dict(vmap_method=vmap, command_buffer_compatible=False)
         outs = tuple(self.out_avals)
         primal = buffer_callback(self._forward, outs, **options)
-        rng = jax.ShapeDtypeStruct((_rng_bytes(),), jax.numpy.uint8)
+        rng = jax.ShapeDtypeStruct((rng_bytes(),), jax.numpy.uint8)
         with_rng = buffer_callback(self._forward, outs + (rng,), **options) if self.random else primal
         backwards: Dict[Any, Callable[..., Any]] = {}
         n = len(self.in_avals)
@@ -202,7 +202,7 @@ class Signature:
 
         def bwd(res, cts):
             if self.random and self.device.type == "cuda" and self.owner.host_syncs == "error":
-                raise _random_on_cuda(self)  # at trace time (the callback checks again)
+                raise random_on_cuda(self)  # at trace time (the callback checks again)
             grad_idx = tuple(i for i in range(n) if res.perturbed[i] and self.floating[i])
             ct_idx = tuple(j for j, c in enumerate(cts)
                            if self.out_floating[j] and not isinstance(c, SymbolicZero))
@@ -233,7 +233,7 @@ class Signature:
             xs, ys = [s.tensor(b) for b in ins], [s.tensor(b) for b in out]
             extra = s.batch_dims(self, xs, ys)
             if len(ys) > len(self.out_avals):  # the random state, for the backward
-                state, into = _rng_state(s.device), ys[-1]
+                state, into = rng_state(s.device), ys[-1]
                 into = into[..., : state.numel()]
                 into.copy_(state, non_blocking=True)
                 _count_copy(into.numel())
@@ -278,7 +278,7 @@ class Signature:
                 return pullback(tuple(ct))
 
             versions = [x._version for x in xs]
-            with _replay(self, s, state), t.enable_grad():
+            with replay(self, s, state), t.enable_grad():
                 grads = s.run(lambda: _batched(vjp, xs + cts, extra))
             self.check_versions(xs, versions)
             for g, r in zip(gs, grads):
@@ -413,82 +413,6 @@ def _batched(f: Callable[..., Any], xs: Sequence[Any], extra: int) -> Any:
     for k in reversed(range(extra)):
         g = t.func.vmap(g, in_dims=tuple(0 if b[k] else None for b in batched), randomness="different")
     return g(*xs)
-
-
-@contextlib.contextmanager
-def _replay(sig: Signature, s: _Session, state: Any):
-    """Sets the generator of ``s``'s device to the forward's ``state`` for the body,
-    and back after. On CUDA the state is read back to the host: a host sync."""
-    if state is None:
-        yield
-        return
-    t = torch()
-    state = state.reshape(-1, state.shape[-1])[0]
-    if not s.cuda:
-        saved = t.get_rng_state()
-        t.set_rng_state(state[: saved.numel()].clone())
-        try:
-            yield
-        finally:
-            t.set_rng_state(saved)
-        return
-    policy = sig.owner.host_syncs
-    if policy == "error":
-        raise _random_on_cuda(sig)
-    if policy == "warn":
-        warnings.warn(f"{sig.name}: reading the forward's random state back to the host (a host sync)",
-                      UserWarning, stacklevel=2)
-    saved = t.cuda.get_rng_state(s.device)
-    host = _host_sync(lambda: state[: saved.numel()].cpu())
-    t.cuda.set_rng_state(host, s.device)
-    try:
-        yield
-    finally:
-        t.cuda.set_rng_state(saved, s.device)
-
-
-def _draws(func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> bool:
-    """Whether a call of the operator ``func``, tagged ``nondeterministic_seeded``, draws
-    random numbers: not where its own arguments switch the randomness off (attention with
-    ``dropout_p=0``, a dropout with ``p=0`` or ``train=False``, a recurrent layer with
-    ``dropout=0`` or ``train=False``), which a module such as
-    ``scaled_dot_product_attention`` without dropout does on every call."""
-    names = [a.name for a in func._schema.arguments]
-    given = dict(zip(names, args), **kwargs)
-    if given.get("train", True) is False or given.get("training", True) is False:
-        return False
-    if given.get("dropout_p") == 0 or given.get("dropout") == 0:
-        return False
-    if "dropout" in func._schema.name and given.get("p") == 0:
-        return False
-    return True
-
-
-def _random_on_cuda(sig: Signature) -> BaseException:
-    return ours(RuntimeError(
-        f"{sig.name}: the function draws random numbers, and on CUDA its backward needs the "
-        "forward's generator state on the host, which lives on the GPU: reading it back is a "
-        "host sync. Pass random=False if the backward may draw other random numbers, or "
-        "host_syncs='warn' or 'allow' to accept one host sync per backward"))
-
-
-def _rng_state(device: Any) -> Any:
-    """The device's generator state; on CUDA in pinned memory, so that its copy to the
-    GPU is asynchronous (one from pageable memory may wait for the stream)."""
-    t = torch()
-    return t.cuda.get_rng_state(device).pin_memory() if device.type == "cuda" else t.get_rng_state()
-
-
-_RNG_BYTES = None
-
-
-def _rng_bytes() -> int:
-    """The size of the random-state residual: room for the CPU generator's state (the
-    larger one; a CUDA generator's is 16 bytes, written at the start)."""
-    global _RNG_BYTES
-    if _RNG_BYTES is None:
-        _RNG_BYTES = int(torch().get_rng_state().numel())
-    return _RNG_BYTES
 
 
 _RESIDUALS = None
