@@ -233,18 +233,22 @@ def check_no_host_sync(torch, jax, jnp, handoff):
     check(syncs == 0, f"{syncs} host syncs counted by handoff during the step")
 
     # The control: a host sync inside the module is refused, and allowed, waits.
-    bad, bad_params = handoff.jax_module(Probe(model, sync=True), out_shapes=lambda p, x: x)
+    # random=False: the fake run cannot run .item(), and a function it cannot run counts as random.
+    bad, bad_params = handoff.jax_module(Probe(model, sync=True), out_shapes=lambda p, x: x, random=False)
+    error = None
     try:
         jax.block_until_ready(program(bad)(bad_params, xj, eye))
         refused = None
     except Exception as e:  # noqa: BLE001
-        refused = "synchronized the host" in str(e)
-    allowed, _ = handoff.jax_module(Probe(model, sync=True), out_shapes=lambda p, x: x, host_syncs="allow")
+        refused, error = "synchronized the host" in str(e), f"{type(e).__name__}: {e}"[-1200:]
+    allowed, _ = handoff.jax_module(Probe(model, sync=True), out_shapes=lambda p, x: x, random=False,
+                                    host_syncs="allow")
     allowed_step = program(allowed)
     jax.block_until_ready(allowed_step(bad_params, xj, eye))
     waited.clear()
     jax.block_until_ready(allowed_step(bad_params, xj, eye))
-    emit(figure="control_sync", refused_with_message=refused, allowed_item_ms=[round(w, 2) for w in waited])
+    emit(figure="control_sync", refused_with_message=refused, error=error,
+         allowed_item_ms=[round(w, 2) for w in waited])
     check(refused is True,
           f"a host sync in the PyTorch function was not refused with its message ({refused})")
     check(bool(waited) and waited[0] > QUEUED_MS / 2,
