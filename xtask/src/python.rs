@@ -289,6 +289,9 @@ pub fn bundle(root: &Path, out: &Path, prev_wheel: Option<&Path>) -> Result<u64,
         (root.join("bench/cuda_core_consumer.py"), "cuda_core_consumer.py".to_string()),
         (root.join("bench/gpu_graph_checks.py"), "gpu_graph_checks.py".to_string()),
         (root.join("bench/jax_function_checks.py"), "jax_function_checks.py".to_string()),
+        (root.join("bench/graph_memory_spike.py"), "graph_memory_spike.py".to_string()),
+        (root.join("bench/layer_profile.py"), "layer_profile.py".to_string()),
+        (root.join("bench/crossing_parts.py"), "crossing_parts.py".to_string()),
         // What the scripts above share; they import it from their own folder.
         (root.join("bench/harness.py"), "harness.py".to_string()),
         // The DLPack structs [`GPU_SCRIPT`] builds its lifetime control with (pytest's

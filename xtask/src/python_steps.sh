@@ -64,6 +64,15 @@ py_step python_graph_callables gpu_graph_checks.py 90 --probe graphed_callables
 py_step python_graph_callables_sequential gpu_graph_checks.py 90 --probe graphed_callables --phases sequential
 py_step python_graph_callables_pure gpu_graph_checks.py 90 --probe graphed_callables --pure
 py_step python_graph_scratch gpu_graph_checks.py 90 --probe scratch
+# Captured JAX work on a PJRT client of its own against JAX's: arrays a replay overwrites,
+# make_graphed_callables beside an eager copy, the client's cost; XLA's command buffers
+# on (the capture fails) and off per executable, with no XLA_FLAGS.
+for probe in scratch graphed cost; do for client in shared private; do
+  XLA_FLAGS= py_step python_graph_memory_${probe}_$client graph_memory_spike.py 60 --probe $probe --client $client
+done; done
+for cb in on off; do
+  XLA_FLAGS= py_step python_graph_memory_command_buffers_$cb graph_memory_spike.py 60 --probe cost --client shared --depth 8 --command-buffers $cb
+done
 py_step python_graph_train gpu_graph_checks.py 120 --probe train --prune
 # The same in global mode, torch.cuda.graph's default.
 py_step python_graph_ordered_global gpu_graph_checks.py 90 --probe ordered --mode global
@@ -78,6 +87,8 @@ py_step python_graph_failed_global_pure gpu_graph_checks.py 90 --probe failed_ca
 # the JAX layer through torch_function against JAX's own dispatch (and its memory).
 hooks_step python_host_cost python_host_cost.py 300
 py_step python_dispatch_cost dispatch_cost.py 120
+py_step python_crossing_parts crossing_parts.py 90
+py_step python_layer_profile layer_profile.py 120 cuda 300
 py_step python_profile_step profile_step.py 120 --steps 1500
 py_step layer_cost layer_cost.py 180 --memory
 # Training through a JAX layer: pure PyTorch, jax2torch, torch-jax-interop,
