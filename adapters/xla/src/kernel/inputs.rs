@@ -7,7 +7,7 @@ use super::{CallOptions, Kernel};
 use crate::buffer::{Buffer, RawBuffer};
 use crate::client::XlaDevice;
 use crate::error::{Result, XlaError};
-use crate::exchange::{self, Misaligned, ViewOptions, Viewable};
+use crate::exchange::import::{self, Misaligned, ViewOptions, Viewable};
 use crate::executable::check_spec;
 use crate::few::Few;
 use crate::sys;
@@ -95,7 +95,7 @@ impl Inputs<'_> {
         }
         let options =
             ViewOptions { allow_copy: self.options.allow_copy, device: Some(k.device.index), watch: false };
-        let input = match exchange::prepare(&k.client, handoff, options)? {
+        let input = match import::prepare(&k.client, handoff, options)? {
             Viewable::Handoff(v) => Input::View(v.into_raw_view(&k.client)?.raw),
             Viewable::Copy(v) => Input::Shared(v.into_buffer(&k.client)?),
         };

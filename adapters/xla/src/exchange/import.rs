@@ -1,33 +1,17 @@
-//! Zero-copy exchange between PJRT buffers and [`Handoff`]s.
-//!
-//! - **Import** ([`Client::import`]): a `PJRT_Client_CreateViewOfDeviceBuffer` of the
-//!   hand-off's memory. The hand-off (and so the producer's memory) is kept until
-//!   PJRT calls `on_delete_callback`. On CUDA the producer is ordered before the
-//!   device's `get_stream_for_external_ready_events` stream (no host wait) and that
-//!   stream is passed as the view's `stream`, as JAX does. On CPU, memory not aligned
-//!   to 64 bytes is refused unless a copy is asked for.
-//!   The view owns the hand-off itself through PJRT's callback; a
-//!   [`ViewWatch`] ([`ViewOptions::watched`]) adds a shared owner
-//!   that says when PJRT let go. A kernel call's inputs are bare views of the same
-//!   kind, held for its one execution.
-//! - **Export** (`Buffer`'s [`Export`] impl): `IncreaseExternalReferenceCount` +
-//!   `OpaqueDeviceMemoryDataPointer`; on CUDA the consumer stream waits for the buffer
-//!   with the stream extension's `wait_until_buffer_ready_on_stream` (no host wait);
-//!   on CPU the buffer's ready event is checked, and awaited (a counted host sync)
-//!   only if still pending. The external reference is given back only after the
-//!   consumer's stream work has completed (the reaper). An execution's
-//!   [`OutputBuffer`] has one owner, so its export takes no
-//!   external reference: the hand-off owns the buffer, destroyed after the consumer.
+//! Into XLA: a hand-off viewed as a PJRT buffer without a copy
+//! (`PJRT_Client_CreateViewOfDeviceBuffer`), checked and ordered before XLA's ready
+//! stream by [`prepare`]: [`Client::import`], a kernel call's inputs, and
+//! `ImportInto<Client>` for [`Buffer`]. The view owns the hand-off until PJRT calls
+//! its `on_delete_callback`.
 
-use crate::buffer::{Buffer, OutputBuffer, RawBuffer, Released, ViewWatch, ready_event_of};
-use crate::client::{Client, ClientInner, XlaDevice};
+use super::ready::{cached_ready_stream, ready_stream_at};
+use crate::buffer::{Buffer, RawBuffer, Released, ViewWatch};
+use crate::client::Client;
 use crate::dtype;
 use crate::error::{Result, XlaError};
 use crate::result;
 use handoff_runtime::dtype::DataType;
-use handoff_runtime::{
-    Dims, Export, Exportable, Handoff, ImportInto, Ready, Release, Stream, StreamOrdered, TensorDesc,
-};
+use handoff_runtime::{Dims, Handoff, ImportInto, Stream};
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -209,14 +193,6 @@ unsafe extern "C" fn release_handoff(_data: *mut c_void, user_arg: *mut c_void) 
 }
 
 impl Client {
-    /// The stream a producer must make its data ready on before XLA reads it on
-    /// `device` (CUDA: the stream extension's `get_stream_for_external_ready_events`,
-    /// asked of PJRT once per device). Export a value to this stream to hand it to
-    /// [`Client::import`] with no extra wait. On CPU it is the host stream.
-    pub fn ready_stream(&self, device: &XlaDevice) -> Result<Stream> {
-        ready_stream(self, device)
-    }
-
     /// Imports a hand-off as a zero-copy PJRT buffer (see [`exchange`]).
     ///
     /// [`exchange`]: crate::exchange
@@ -268,44 +244,6 @@ impl Client {
         }
         Ok(i)
     }
-}
-
-/// [`Client::ready_stream`]: the stream XLA reads hand-offs on for `device`, asked of
-/// PJRT once per device and cached in the client.
-pub(crate) fn ready_stream(client: &Client, device: &XlaDevice) -> Result<Stream> {
-    ready_stream_at(client, device.index)
-}
-
-/// [`ready_stream`] of the client's device `index`.
-fn ready_stream_at(client: &Client, index: usize) -> Result<Stream> {
-    let ready = cached_ready_stream(client, index)?;
-    if ready.is_host() {
-        return Ok(ready.clone());
-    }
-    // Each handle given out keeps the client, which owns the stream, through a holder
-    // of its own: cloning the handle (as every hand-off to it does) counts on the
-    // holder, not on the client, whose count every buffer's birth and death touch.
-    let holder: std::sync::Arc<std::sync::Arc<crate::client::ClientInner>> =
-        std::sync::Arc::new(client.inner.clone());
-    Ok(ready.clone().with_owner(holder))
-}
-
-/// The cached ready stream of `device`, without an owner (the cache cannot hold the
-/// client: that would keep it alive forever): for use while the caller holds the
-/// client. The host stream when the plugin has no stream extension (CPU).
-fn cached_ready_stream(client: &Client, device: usize) -> Result<&Stream> {
-    static HOST: std::sync::OnceLock<Stream> = std::sync::OnceLock::new();
-    let Some(ext) = client.plugin().stream_extension() else { return Ok(HOST.get_or_init(Stream::host)) };
-    let cache = &client.inner.ready_streams[device];
-    if let Some(s) = cache.get() {
-        return Ok(s);
-    }
-    let raw_device = client.inner.devices[device].raw;
-    // SAFETY: this plugin's stream extension and a live device.
-    let raw =
-        unsafe { result::stream::get_stream_for_external_ready_events(client.inner.api(), ext, raw_device)? };
-    let stream = cuda_stream(client.inner.ordinal(device), raw as u64)?;
-    Ok(cache.get_or_init(|| stream))
 }
 
 /// [`Client::import_with`]: a view of the hand-off's memory (see the module docs),
@@ -505,208 +443,6 @@ impl BareView {
     }
 }
 
-/// The keep-alive of an exported buffer: an external reference, given back on drop.
-struct ExternalRef {
-    buffer: Buffer,
-}
-
-impl Drop for ExternalRef {
-    fn drop(&mut self) {
-        let inner = &self.buffer.inner;
-        let _serial = inner.external_refs.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: the reference was increased in `Export::export`, and the buffer is
-        // alive (held here), so the decrease matches it exactly once.
-        let decreased =
-            unsafe { result::buffer::decrease_external_reference_count(inner.client.api(), inner.raw) };
-        if let Err(e) = decreased {
-            eprintln!("handoff-xla: giving back an external reference failed: {e}");
-        }
-    }
-}
-
-/// Makes the data of `raw` (a live buffer of `client` on its device `device`)
-/// visible to work enqueued on `consumer` from now on. CUDA: the stream extension's
-/// `wait_until_buffer_ready_on_stream` (no host wait), then, when `consumer` captures
-/// a graph, the capture settled (`crate::capture`). CPU (`consumer` the host): nothing
-/// if the data is ready, else a counted host wait. Also says whether `consumer`
-/// captures: the caller then keeps the buffer with the graph.
-fn ready_on(
-    client: &ClientInner,
-    raw: *mut crate::sys::PJRT_Buffer,
-    device: usize,
-    consumer: &Stream,
-) -> handoff_runtime::Result<(Ready, bool)> {
-    let api = client.api();
-    match client.plugin.stream_extension() {
-        Some(ext) => {
-            let stream = consumer_raw(consumer, client, device)?;
-            // SAFETY: this plugin's extension, a live buffer and a stream of its device.
-            unsafe { result::stream::wait_until_buffer_ready_on_stream(api, ext, raw, stream as isize)? };
-            handoff_runtime::stats::count_wait_enqueued();
-            #[cfg(feature = "cuda")]
-            let captured = crate::capture::settle(client, device, consumer)?;
-            #[cfg(not(feature = "cuda"))]
-            let captured = false;
-            Ok((Ready::Waited, captured))
-        }
-        None => {
-            if !consumer.is_host() {
-                return Err(handoff_runtime::Error::CrossDevice {
-                    from: handoff_runtime::Device::Host,
-                    to: consumer.device(),
-                });
-            }
-            // SAFETY: a live buffer of this client's plugin.
-            let ev = unsafe { ready_event_of(api, raw) }?;
-            match ev.status()? {
-                Some(status) => {
-                    handoff_runtime::stats::count_wait_elided();
-                    status?;
-                    Ok((Ready::Elided, false))
-                }
-                None => {
-                    ev.wait()?;
-                    Ok((Ready::HostSynced, false))
-                }
-            }
-        }
-    }
-}
-
-/// The memory of `raw` (a live buffer of `client` on its device `device`): PJRT's
-/// device pointer, compact row-major. Never `IS_COPIED`: the memory is the buffer's.
-fn describe<'a>(
-    client: &ClientInner,
-    raw: *mut crate::sys::PJRT_Buffer,
-    device: usize,
-    dtype: DataType,
-    shape: &'a [i64],
-) -> handoff_runtime::Result<TensorDesc<'a>> {
-    // SAFETY: a live buffer (the caller's).
-    let data = unsafe { result::buffer::opaque_device_memory_data_pointer(client.api(), raw) }?;
-    Ok(TensorDesc::new(data, client.handoff_device(device), dtype, shape))
-}
-
-impl StreamOrdered for Buffer {
-    fn device(&self) -> handoff_runtime::Device {
-        self.inner.client.handoff_device(self.inner.device)
-    }
-
-    /// `None`: PJRT does not name the stream an execution writes on; [`ready_on`]
-    /// asks PJRT itself to order the consumer after the buffer's definition.
-    ///
-    /// [`ready_on`]: StreamOrdered::ready_on
-    fn stream(&self) -> Option<Stream> {
-        None
-    }
-
-    /// Makes the buffer's data visible to work enqueued on `consumer` from now on.
-    /// CUDA: the stream extension's `wait_until_buffer_ready_on_stream` (no host
-    /// wait). CPU (`consumer` the host): nothing if the data is ready, else a counted
-    /// host wait.
-    /// When `consumer` captures a graph, a share of the buffer is kept with the graph.
-    fn ready_on(&self, consumer: &Stream) -> handoff_runtime::Result<Ready> {
-        let (ready, captured) = ready_on(&self.inner.client, self.inner.raw, self.inner.device, consumer)?;
-        if captured {
-            handoff_runtime::graph::keep(consumer, self.clone())?;
-        }
-        Ok(ready)
-    }
-}
-
-impl Export for Buffer {
-    /// The buffer's memory: PJRT's device pointer, compact row-major. Its memory is
-    /// shared with the buffer (and other exports), so it is never marked `IS_COPIED`,
-    /// even for a buffer made from a copy.
-    fn describe(&self) -> handoff_runtime::Result<TensorDesc<'_>> {
-        let b = &self.inner;
-        describe(&b.client, b.raw, b.device, b.dtype, &b.shape)
-    }
-
-    /// Exports the buffer as a zero-copy [`Handoff`] made ready on `consumer` (see
-    /// the module docs). The buffer's memory is kept (an external reference and a
-    /// share of the buffer) until the consumer's queued work is done.
-    ///
-    /// ```no_run
-    /// use handoff_runtime::{Export, Stream};
-    /// let client = handoff_xla::Client::from_env()?;
-    /// let x = client.buffer_from_host(&client.device(0)?, &[1.0f32, 2.0], &[2])?;
-    /// let h = x.clone().export(&Stream::host())?;
-    /// assert_eq!(h.data_ptr() as *mut _, x.device_pointer()?);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    fn export(self, consumer: &Stream) -> handoff_runtime::Result<Handoff> {
-        let ready = self.ready_on(consumer)?;
-        self.export_ready(consumer, ready)
-    }
-}
-
-impl Buffer {
-    /// [`Export::export`] once the buffer is ready on `consumer` (`ready` says how).
-    fn export_ready(self, consumer: &Stream, ready: Ready) -> handoff_runtime::Result<Handoff> {
-        {
-            let _serial = self.inner.external_refs.lock().unwrap_or_else(|p| p.into_inner());
-            // SAFETY: live buffer; matched by `ExternalRef`'s drop.
-            unsafe { result::buffer::increase_external_reference_count(self.api(), self.raw()) }?;
-        }
-        let keep = ExternalRef { buffer: self };
-        Handoff::with_keep_alive(keep, |k| k.buffer.describe(), consumer, ready, Release::AfterConsumer)
-    }
-}
-
-impl StreamOrdered for OutputBuffer {
-    fn device(&self) -> handoff_runtime::Device {
-        self.client().handoff_device(self.device_index())
-    }
-
-    /// `None`, as for a [`Buffer`].
-    fn stream(&self) -> Option<Stream> {
-        None
-    }
-
-    /// As [`Buffer`]'s, but it keeps nothing with a graph: the output's export does.
-    fn ready_on(&self, consumer: &Stream) -> handoff_runtime::Result<Ready> {
-        ready_on(self.client(), self.raw(), self.device_index(), consumer).map(|(ready, _)| ready)
-    }
-}
-
-impl Export for OutputBuffer {
-    /// The output's memory, as [`Buffer`]'s.
-    fn describe(&self) -> handoff_runtime::Result<TensorDesc<'_>> {
-        describe(self.client(), self.raw(), self.device_index(), self.dtype(), self.shape())
-    }
-
-    /// Exports the output as a zero-copy [`Handoff`] made ready on `consumer`. It is
-    /// the buffer's one owner, so no external reference is taken: the hand-off owns
-    /// the buffer, destroyed once the consumer's queued work is done. When `consumer`
-    /// captures a graph, the output becomes a shared [`Buffer`], one
-    /// share kept with the graph (every replay writes it) and one exported.
-    fn export(self, consumer: &Stream) -> handoff_runtime::Result<Handoff> {
-        let (ready, captured) = ready_on(self.client(), self.raw(), self.device_index(), consumer)?;
-        if captured {
-            let shared = self.into_buffer();
-            handoff_runtime::graph::keep(consumer, shared.clone())?;
-            return shared.export_ready(consumer, ready);
-        }
-        // The hand-off keeps the raw buffer and its client alone, not the description.
-        let (owned, dtype, shape, device) = self.into_parts();
-        let desc = describe(&owned.client, owned.raw, device, dtype, &shape)?;
-        Handoff::from_desc(owned, &desc, consumer, ready, Release::AfterConsumer)
-    }
-}
-
-/// The marker of handoff-xla's [`Exportable`] impl for `&Buffer` (inferred, never written).
-pub enum Borrowed {}
-
-/// A borrowed buffer exports a shared handle of itself (nothing is copied).
-impl Exportable<Borrowed> for &Buffer {
-    type Value = Buffer;
-
-    fn into_exportable(self) -> handoff_runtime::Result<Buffer> {
-        Ok(self.clone())
-    }
-}
-
 /// XLA buffers import into a [`Client`]: the value is made ready on the client's
 /// [`ready_stream`](Client::ready_stream) for its device and viewed there, without a
 /// copy ([`Client::import`]).
@@ -728,41 +464,4 @@ impl ImportInto<Client> for Buffer {
     fn import_into(handoff: Handoff, client: &Client) -> handoff_runtime::Result<Buffer> {
         Ok(client.import(handoff)?)
     }
-}
-
-/// A stream PJRT gave for a device (callers attach the client that owns it).
-#[cfg(feature = "cuda")]
-fn cuda_stream(ordinal: u32, raw: u64) -> Result<Stream> {
-    // SAFETY: a stream of the device's primary context (XLA's CUDA plugin uses it),
-    // owned by the client, which every handle given out keeps alive.
-    Ok(unsafe { handoff_runtime::cuda::stream(ordinal, raw) }?)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_stream(ordinal: u32, raw: u64) -> Result<Stream> {
-    Err(XlaError::invalid(
-        "CUDA stream",
-        format!("cuda:{ordinal} {raw:#x}"),
-        "handoff-xla was built without its `cuda` feature, which GPU hand-offs need",
-    ))
-}
-
-#[cfg(feature = "cuda")]
-fn consumer_raw(consumer: &Stream, client: &ClientInner, device: usize) -> Result<u64> {
-    match handoff_runtime::cuda::raw_stream(consumer) {
-        Some((ordinal, raw)) if ordinal == client.ordinal(device) => Ok(raw),
-        _ => Err(XlaError::from(handoff_runtime::Error::CrossDevice {
-            from: client.handoff_device(device),
-            to: consumer.device(),
-        })),
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn consumer_raw(consumer: &Stream, client: &ClientInner, device: usize) -> Result<u64> {
-    Err(XlaError::invalid(
-        "consumer stream",
-        format!("{consumer:?}"),
-        format!("exporting from {:?} needs handoff-xla's `cuda` feature", client.handoff_device(device)),
-    ))
 }
