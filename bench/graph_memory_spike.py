@@ -42,6 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 import torch  # noqa: E402
 
 import handoff  # noqa: E402
+import harness  # noqa: E402  (beside this script, in bench/ and in the GPU bundle)
 
 OFF = {"xla_gpu_enable_command_buffer": ""}
 
@@ -118,16 +119,6 @@ def failed(args, stage, e) -> int:
     return 1
 
 
-def side_stream(f):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        out = f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    return out
-
-
 def memory(device) -> dict:
     stats = device.memory_stats() or {}
     return {k: stats.get(k) for k in ("bytes_in_use", "peak_bytes_in_use", "pool_bytes", "bytes_reserved")
@@ -149,7 +140,7 @@ def scratch(args, place: Placement) -> int:
 
     stage = "warm-up"
     try:
-        expected = side_stream(step).clone()
+        expected = harness.on_side_stream(torch, step).clone()
         stage = "capture"
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -288,7 +279,7 @@ def cost(args, place: Placement) -> int:
     stage = "warm-up"
     try:
         t0 = time.perf_counter()
-        expected = side_stream(step).clone()
+        expected = harness.on_side_stream(torch, step).clone()
         warm_ms = (time.perf_counter() - t0) * 1e3
         stage = "capture"
         graph = torch.cuda.CUDAGraph()
