@@ -12,9 +12,9 @@ One check per run, so that a crash ends only its own run; exit 1 when it fails::
   ways; ``torch_function``: the same through ``handoff.torch_function(f)``. Each: an
   eager warm-up on a side stream (as ``torch.cuda.graph`` asks), the capture, then 100
   replays with new inputs, each compared with the eager step.
-- ``train``: a training step (forward through a JAX layer, backward, SGD) captured once
-  and replayed 20 times, its parameters compared with 20 eager steps from the same
-  start, and the ms a replay takes beside the same step with a PyTorch layer, captured
+- ``train``: a training step (forward through a JAX layer, backward,
+  ``Adam(capturable=True)``) captured once and replayed 30 times, its parameters
+  compared with 30 eager steps from the same start (parameters and Adam's state), and the ms a replay takes beside the same step with a PyTorch layer, captured
   the same way (64x256, f32).
 - ``graphed_callables``: a module with a JAX layer through
   ``torch.cuda.make_graphed_callables`` and an eager copy, over 20 calls: both forwards,
@@ -29,8 +29,12 @@ One check per run, so that a crash ends only its own run; exit 1 when it fails::
   handoff, the control); the process must go on right and exit cleanly.
 
 Prints one JSON line: where it failed (the exception, in full) or what was right.
-PJRT's own command buffers are turned off in this process (``XLA_FLAGS``), since they
-would nest a capture in PyTorch's.
+JAX runs with its default flags: what handoff captures is compiled with XLA's command
+buffers off for that executable alone, and the scratch probe's own function is compiled
+so too (``compiler_options``). ``--command-buffers-flag`` turns them off for the whole
+process instead (``XLA_FLAGS``, set before JAX starts: the rule before capture clients,
+for a baseline). ``--control``: crossings inside a capture stay on JAX's own client
+(``handoff._capture.ENABLED = False``), the path before capture clients.
 """
 
 import argparse
@@ -40,7 +44,8 @@ import sys
 import traceback
 import warnings
 
-os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+if "--command-buffers-flag" in sys.argv:  # before JAX starts
+    os.environ["XLA_FLAGS"] = "--xla_gpu_enable_command_buffer="
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -103,7 +108,12 @@ def main() -> int:
         help="graphed_callables: both forwards, then both backwards (eager JAX arrays alive "
         "across the graphed backward's replay), or each call done before the next",
     )
+    ap.add_argument("--command-buffers-flag", action="store_true",
+                    help="XLA_FLAGS=--xla_gpu_enable_command_buffer= for the process (a baseline)")
+    ap.add_argument("--control", action="store_true",
+                    help="crossings inside a capture stay on JAX's own client (the path before)")
     args = ap.parse_args()
+    handoff._capture.ENABLED = not args.control
     if not torch.cuda.is_available():
         emit(probe=args.probe, skipped="no CUDA device")
         return 0
@@ -166,7 +176,7 @@ def train(args) -> int:
         torch.manual_seed(0)
         w1 = (torch.randn(width, width, device="cuda") / width**0.5).requires_grad_()
         w2 = (torch.randn(width, width, device="cuda") / width**0.5).requires_grad_()
-        opt = torch.optim.SGD([w1, w2], lr=0.1)
+        opt = torch.optim.Adam([w1, w2], lr=1e-3, capturable=True)
 
         def step(x, t):
             h = torch.tanh(x @ w1)
@@ -193,7 +203,16 @@ def train(args) -> int:
                     step(x, t)
 
             harness.on_side_stream(torch, warm_up)
-            start = [p.detach().clone() for p in params]
+
+            def state():  # the parameters and Adam's state, which the step updates in place
+                return params + [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+
+            def restore(saved):
+                with torch.no_grad():
+                    for dst, src in zip(state(), saved):
+                        dst.copy_(src)
+
+            start = [v.detach().clone() for v in state()]
             stage = "capture"
             graph = torch.cuda.CUDAGraph(keep_graph=True) if args.prune else torch.cuda.CUDAGraph()
             opt.zero_grad(set_to_none=True)
@@ -203,15 +222,13 @@ def train(args) -> int:
                 results["pruned_" + ("jax" if use_jax else "torch")] = handoff.prune_graph(graph)
                 graph.instantiate()
             stage = "replays"
-            for p, s0 in zip(params, start):
-                p.data.copy_(s0)
-            for _ in range(20):
+            restore(start)
+            for _ in range(30):
                 graph.replay()
             torch.cuda.synchronize()
             replayed = [p.detach().clone() for p in params]
-            for p, s0 in zip(params, start):
-                p.data.copy_(s0)
-            for _ in range(20):
+            restore(start)
+            for _ in range(30):
                 opt.zero_grad(set_to_none=True)
                 step(x, t)
             torch.cuda.synchronize()
@@ -229,6 +246,9 @@ def train(args) -> int:
             torch.cuda.synchronize()
         ratio = results["jax_layer"]["ms"] / results["torch_layer"]["ms"]
         results["prune"] = args.prune
+        results["control"] = args.control
+        results["xla_flags"] = os.environ.get("XLA_FLAGS")
+        results["capture_clients"] = handoff.capture_clients()
         emit(probe="train", mode=args.mode, captured=True, **results, ratio=round(ratio, 3))
         return 0 if results["jax_layer"]["same_as_eager"] and results["torch_layer"]["same_as_eager"] else 1
     except Exception as e:
@@ -301,13 +321,15 @@ def graphed_callables(args) -> int:
             pure=args.pure,
             phases=args.phases,
             xla_flags=os.environ.get("XLA_FLAGS"),
+            control=args.control,
             captured=True,
             calls=len(xs),
             right=right,
         )
-        # Interleaved, the eager copy's JAX arrays are alive across the graphed backward's
-        # replay, which can overwrite them (the scratch probe): only the graphed side counts.
-        judged = right if args.phases == "sequential" else {"graphed": right["graphed"]}
+        # With --control (JAX's own client for the captured work) the eager copy's JAX
+        # arrays, alive across the graphed backward's replay when interleaved, can be
+        # overwritten by it (the scratch probe): only the graphed side counts then.
+        judged = {"graphed": right["graphed"]} if args.control and args.phases == "interleaved" else right
         return 0 if all(n == len(xs) for side in judged.values() for n in side.values()) else 1
     except Exception as e:
         return failed(args, stage, e)
@@ -317,18 +339,26 @@ def scratch(args) -> int:
     """JAX arrays made after a capture and alive across its replays: how many did the
     replays overwrite? A captured XLA execution writes its scratch memory at every
     replay, and XLA's allocator took that memory back at the capture. The check: the
-    replay is right and handoff gave its ``CaptureWarning``, once; the count is the
-    limitation the warning names (docs/RELIABILITY.md, CUDA graphs)."""
-    f = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b.T + 1.0)  # an intermediate: scratch
+    replay is right, none of 64 arrays is overwritten over 5 replays, no
+    ``CaptureWarning``, and the captured work ran on a client of the graph's own (a
+    separate allocator: its memory and JAX's later arrays cannot overlap; their address
+    ranges are reported). ``--control`` (JAX's own client, as before capture clients):
+    the count is the overwrite, and handoff warns once."""
+    f = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b.T + 1.0,  # an intermediate: scratch
+                compiler_options={"xla_gpu_enable_command_buffer": ""})
     x = torch.randn(512, 512, device="cuda")
     w = torch.randn(512, 512, device="cuda") / 512**0.5
+    captured = []
 
     def step():
-        return handoff.to_torch(f(handoff.to_jax(x), handoff.to_jax(w)))
+        out = f(handoff.to_jax(x), handoff.to_jax(w))
+        captured.append(out)
+        return handoff.to_torch(out)
 
     stage = "warm-up"
     try:
         expected = harness.on_side_stream(torch, step).clone()
+        captured.clear()
         stage = "capture"
         graph = torch.cuda.CUDAGraph()
         with warnings.catch_warnings(record=True) as warned:
@@ -339,21 +369,33 @@ def scratch(args) -> int:
         stage = "replays"
         held = [jnp.full((512, 512), float(i)) for i in range(64)]
         jax.block_until_ready(held)
-        for _ in range(10):
+        for _ in range(5):
             graph.replay()
         torch.cuda.synchronize()
         changed = sum(not bool(jnp.all(a == float(i))) for i, a in enumerate(held))
         right = bool(torch.allclose(y, expected, rtol=1e-4, atol=1e-4))
+        own = held[0].sharding._device
+        graph_device = captured[0].sharding._device
+        span = lambda arrays: [min(a.unsafe_buffer_pointer() for a in arrays),  # noqa: E731
+                               max(a.unsafe_buffer_pointer() + a.nbytes for a in arrays)]
         emit(
             probe="scratch",
             mode=args.mode,
+            control=args.control,
             captured=True,
             replay_right=right,
             warned=[m[:60] for m in ours],
             held=len(held),
+            replays=5,
             changed_by_replays=changed,
+            graph_client_is_jax_own=graph_device.client is own.client,
+            graph_output_span=span(captured),
+            held_span=span(held),
+            capture_clients=handoff.capture_clients(),
         )
-        return 0 if right and len(ours) == 1 else 1
+        if args.control:
+            return 0 if right and len(ours) == 1 else 1
+        return 0 if right and not ours and changed == 0 and graph_device.client is not own.client else 1
     except Exception as e:
         return failed(args, stage, e)
 

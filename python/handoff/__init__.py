@@ -67,6 +67,7 @@ from ._handoff import (
     to_jax,
     to_torch,
 )
+from ._capture import capture_clients
 from ._jax_function import JaxFunction, jax_function, jax_module
 from ._torch_function import TorchFunction, torch_function
 
@@ -83,6 +84,7 @@ __all__ = [
     "JaxFunction",
     "Ordered",
     "TorchFunction",
+    "capture_clients",
     "cuda_available",
     "flush",
     "jax_function",

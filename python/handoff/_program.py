@@ -131,14 +131,18 @@ class Program:
     def forward(self, tensors: Sequence[Any]) -> List[Any]:
         """The outputs, then (with a gradient) the new residuals, as PyTorch tensors."""
         traced = self.traced(tuple(tuple(t.shape) for t in tensors))
+        captured = self.device.type == "cuda" and _capturing()
         with _jax_config.configured(self.context):
-            xs = _to_jax_many(tensors)
-            arrays = traced.run(*xs)
-        if getattr(_HERE, "keep", False):  # the eager autograd formula asks for them
-            _HERE.kept = {i: (tensors[i], xs[i]) for i in traced.saved_in}
+            xs = _to_jax_many(tensors)  # inside a capture: on the capture's own client
+            arrays = (traced.captured_run() if captured else traced.run)(*xs)
         crossed = _to_torch_many(arrays)
-        for k in range(traced.n_new_out, len(crossed)):  # residuals, never the user's outputs
-            crossed[k]._handoff_jax = arrays[k]  # the backward reads it without crossing back
+        # The JAX arrays of residuals and inputs, for a backward that reads them without
+        # crossing back; not those of a capture, whose client the backward may not share.
+        if not captured:
+            if getattr(_HERE, "keep", False):  # the eager autograd formula asks for them
+                _HERE.kept = {i: (tensors[i], xs[i]) for i in traced.saved_in}
+            for k in range(traced.n_new_out, len(crossed)):  # residuals, never the user's outputs
+                crossed[k]._handoff_jax = arrays[k]
         self.owner._count_execution()
         outs: List[Any] = []
         for kind, i in traced.out_src:  # an input or an output returned again: a copy
@@ -254,8 +258,10 @@ class Traced:
         self._closed = closed
         evaluate = jaxpr_as_fun(closed)
         keep = frozenset(new)
-        self.run = jax.jit(lambda *xs: [o for k, o in enumerate(evaluate(*xs)) if k in keep])
-        self._bwds: Dict[Tuple[bool, ...], Any] = {}
+        self._run_fn = lambda *xs: [o for k, o in enumerate(evaluate(*xs)) if k in keep]
+        self.run = jax.jit(self._run_fn)
+        self._captured_run: Any = None
+        self._bwds: Dict[Tuple[Tuple[bool, ...], bool], Any] = {}
         self._reach: Optional[List[frozenset]] = None
 
     def torch_shape(self, shape: Sequence[Any]) -> Tuple[Any, ...]:
@@ -283,18 +289,28 @@ class Traced:
         program = self.program
         missing = tuple(ct is None for ct in cts)
         present = [ct for ct, fl, m in zip(cts, self.out_float, missing) if fl and not m]
+        captured = program.device.type == "cuda" and _capturing()
         with _jax_config.configured(program.context):
-            bwd = self.bwd(missing)
-            arrays = _as_jax(list(saved) + present)
+            bwd = self.bwd(missing, captured)
+            arrays = _as_jax(list(saved) + present, captured)
             grads = bwd(arrays[: len(saved)], arrays[len(saved):])
         program.owner._count_execution()
         return _to_torch_many(grads)
 
-    def bwd(self, missing: Tuple[bool, ...]) -> Any:
+    def captured_run(self) -> Any:
+        """:attr:`run` compiled for a CUDA graph capture (:data:`CAPTURABLE`)."""
+        if self._captured_run is None:
+            import jax
+
+            self._captured_run = jax.jit(self._run_fn, compiler_options=CAPTURABLE)
+        return self._captured_run
+
+    def bwd(self, missing: Tuple[bool, ...], captured: bool = False) -> Any:
         """The jitted backward for this pattern of absent cotangents: takes the saved
         arrays and the present floating-point cotangents; returns the reached gradients
-        (zeros stand in for absent cotangents, ``float0`` for integer outputs)."""
-        found = self._bwds.get(missing)
+        (zeros stand in for absent cotangents, ``float0`` for integer outputs).
+        ``captured``: compiled for a CUDA graph capture (:data:`CAPTURABLE`)."""
+        found = self._bwds.get((missing, captured))
         if found is not None:
             return found
         import jax
@@ -314,7 +330,8 @@ class Traced:
             grads = vjp(jax.tree_util.tree_unflatten(treedef, full))
             return [grads[k] for k in keep]
 
-        return self._bwds.setdefault(missing, jax.jit(bwd))
+        options = {"compiler_options": CAPTURABLE} if captured else {}
+        return self._bwds.setdefault((missing, captured), jax.jit(bwd, **options))
 
 
 #: Between the eager autograd formula (``handoff._torch_ops``) and the kernels it calls on
@@ -325,12 +342,28 @@ class Traced:
 _HERE = threading.local()
 
 
-def _as_jax(tensors: Sequence[Any]) -> List[Any]:
+#: XLA's compile options for what runs inside a CUDA graph capture: XLA's own CUDA
+#: graphs (command buffers) off, for this executable alone (a command buffer cannot be
+#: launched into another capture; ``XLA_FLAGS`` stays the user's).
+CAPTURABLE = {"xla_gpu_enable_command_buffer": ""}
+
+
+def _capturing() -> bool:
+    """Whether PyTorch's current CUDA stream is capturing a graph."""
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
+def _as_jax(tensors: Sequence[Any], captured: bool = False) -> List[Any]:
     """JAX arrays of these tensors: the array a tensor was made from where the forward
     kept it (with a residual, or offered on this thread), the others handed to JAX (in
-    one call)."""
+    one call). Inside a capture (``captured``) every tensor crosses: on the capture's own
+    client, which the forward's arrays may not be on."""
     known = getattr(_HERE, "known", None) or {}
     _HERE.known = None
+    if captured:
+        return list(_to_jax_many(tensors))
     arrays = []
     for t in tensors:
         a = getattr(t, "_handoff_jax", None)

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// joins it, and the host callbacks JAX's CUDA plugin enqueued are taken out of the
 /// graph, to run once when it is gone (`handoff_runtime::cuda::settle_capture`); the
 /// array, which every replay writes, is kept with the graph, and so is `also` (taken:
-/// kept once). The first time in the process, a [`CaptureWarning`](errors::CaptureWarning).
-/// Nothing otherwise.
+/// kept once). The first time in the process that the array is not on a capture client
+/// of handoff's (it came from JAX's own client, not from a crossing inside the capture),
+/// a [`CaptureWarning`](errors::CaptureWarning). Nothing otherwise.
 pub(crate) fn settle_for_graph(
     consumer: &Stream,
     a: &Bound<'_, PyAny>,
@@ -28,16 +29,21 @@ pub(crate) fn settle_for_graph(
     handoff_runtime::cuda::settle_capture(consumer, jax_code).map_err(errors::to_py)?;
     let kept = (a.clone().unbind(), also.take());
     handoff_runtime::graph::keep(consumer, kept).map_err(errors::to_py)?;
-    warn_of_scratch_reuse(a.py())
+    let py = a.py();
+    match crate::jax_api::Jax::if_imported(py)? {
+        Some(Ok(jax)) if jax.on_capture_client(a)? => Ok(()),
+        _ => warn_of_scratch_reuse(py),
+    }
 }
 
-/// Once per process, at the first JAX work settled into a capture: a
+/// Once per process, at the first work of JAX's own client settled into a capture: a
 /// [`CaptureWarning`](errors::CaptureWarning). XLA gives a captured execution's scratch
 /// memory back to its allocator as soon as the execution is enqueued, in the order of
 /// XLA's own stream; every replay writes that memory again, on PyTorch's stream, and
-/// XLA's allocator gives it to the next arrays it makes. No allocator of JAX's avoids
-/// it: the stream-ordered one (`cuda_async`), whose memory would belong to the graph,
-/// cannot allocate inside a capture, and `vmm` makes it rarer, not gone
+/// XLA's allocator gives it to the next arrays it makes. Work on arrays that crossed
+/// inside the capture runs on the capture's own client (`handoff._capture`), whose
+/// memory nothing else allocates; work on arrays JAX made itself (`jnp.ones`, arrays
+/// from before the capture) runs on JAX's client, where that reuse happens
 /// (docs/RELIABILITY.md, CUDA graphs). The warning says what to keep apart.
 fn warn_of_scratch_reuse(py: Python<'_>) -> PyResult<()> {
     static WARNED: AtomicBool = AtomicBool::new(false);
@@ -47,11 +53,13 @@ fn warn_of_scratch_reuse(py: Python<'_>) -> PyResult<()> {
     PyErr::warn(
         py,
         &py.get_type::<errors::CaptureWarning>(),
-        c"JAX work was captured into a CUDA graph. XLA reuses a captured execution's scratch \
-          memory for the arrays it makes next, and every replay writes that memory again: a \
-          JAX array made after this capture and still alive at a replay, or a tensor \
-          handed over from one, can be overwritten. Finish with such results (or copy them) \
-          before replaying.",
+        c"JAX work on arrays of JAX's own client was captured into a CUDA graph (arrays JAX \
+          made itself, not handed over by handoff inside the capture). XLA reuses a captured \
+          execution's scratch memory for the arrays it makes next, and every replay writes \
+          that memory again: a JAX array made after this capture and still alive at a \
+          replay, or a tensor handed over from one, can be overwritten. Hand the capture's \
+          inputs over with handoff.to_jax inside the capture (its work then runs on a \
+          client of the graph's own), or finish with such results before replaying.",
         1,
     )
 }

@@ -348,17 +348,41 @@ impl ToJax {
             return Public::to_jax(detached);
         }
         let dl = exported.device();
-        let Some((device, ready)) = self.jax.device(py, dl)? else {
-            drop(exported);
-            return Public::to_jax(t);
+        let producer = match dl.device_type {
+            DLDeviceType::CUDA => Some(self.torch.current_cuda_stream(py, dl)?.0),
+            _ => None,
         };
-        let consumer = match &ready {
-            Some(Ready { stream, .. }) => {
-                let (producer, _) = self.torch.current_cuda_stream(py, dl)?;
-                order.order(&producer, stream)?;
+        // Inside a CUDA graph capture, onto the capture's own client (see
+        // `handoff._capture`): the memory its replays write is that client's alone.
+        let capture = match &producer {
+            Some(p) => handoff_runtime::cuda::capture_id(p).map_err(errors::to_py)?,
+            None => None,
+        };
+        let leased = match capture {
+            Some(id) => self.jax.capture_device(py, dl, id)?,
+            None => None,
+        };
+        let (device, ready) = match leased {
+            Some((device, ready, token)) => {
+                if let (Some(token), Some(p)) = (token, &producer) {
+                    handoff_runtime::graph::keep(p, token).map_err(errors::to_py)?;
+                }
+                (device, ready)
+            }
+            None => match self.jax.device(py, dl)? {
+                Some(found) => found,
+                None => {
+                    drop(exported);
+                    return Public::to_jax(t);
+                }
+            },
+        };
+        let consumer = match (&ready, &producer) {
+            (Some(Ready { stream, .. }), Some(producer)) => {
+                order.order(producer, stream)?;
                 stream.clone()
             }
-            None => Stream::host(),
+            _ => Stream::host(),
         };
         let adopted = exported.adopt(&consumer, Access::Read).map_err(errors::to_py)?;
         let wide = wide_dtype(&adopted.handoff);

@@ -23,9 +23,10 @@ create_exception!(
     handoff,
     CaptureWarning,
     PyRuntimeWarning,
-    "JAX work was captured into a CUDA graph: JAX arrays made after the capture and still alive \
-     at one of its replays can be overwritten by it (XLA reuses a captured execution's scratch \
-     memory). Given once per process."
+    "Work of JAX's own client was captured into a CUDA graph: JAX arrays made after the capture \
+     and still alive at one of its replays can be overwritten by it (XLA reuses a captured \
+     execution's scratch memory). Work on arrays handed over inside the capture runs on a client \
+     of the graph's own and never warns. Given once per process."
 );
 
 /// The Python exception for a runtime error: [`InvalidTensorError`] for a tensor that
@@ -40,8 +41,8 @@ pub fn to_py(e: handoff_runtime::Error) -> PyErr {
 
 /// `e` with what to do, where JAX's own error says that XLA launched a CUDA graph of its
 /// own (a command buffer) into a stream capturing PyTorch's graph, which CUDA refuses:
-/// a [`HandoffError`] naming the flag that turns XLA's command buffers off, caused by
-/// `e`. Any other error as it is.
+/// a [`HandoffError`] naming the compile option (and the flag) that turns XLA's
+/// command buffers off, caused by `e`. Any other error as it is.
 pub fn with_capture_hint(py: Python<'_>, e: PyErr) -> PyErr {
     let message = e.value(py).to_string();
     if !message.contains("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED") || !message.contains("CUDA graph") {
@@ -49,9 +50,11 @@ pub fn with_capture_hint(py: Python<'_>, e: PyErr) -> PyErr {
     }
     let hinted = HandoffError::new_err(
         "XLA ran a JAX function as a CUDA graph of its own (a command buffer), which cannot be \
-         launched inside PyTorch's CUDA graph capture: set \
-         XLA_FLAGS=--xla_gpu_enable_command_buffer= before JAX starts, in the process that \
-         captures (JAX's error follows as the cause)",
+         launched inside PyTorch's CUDA graph capture: compile that function with its command \
+         buffers off, jax.jit(f, compiler_options={'xla_gpu_enable_command_buffer': ''}) \
+         (handoff.torch_function does so for what it captures), or set \
+         XLA_FLAGS=--xla_gpu_enable_command_buffer= before JAX starts (every JAX program of \
+         the process) (JAX's error follows as the cause)",
     );
     hinted.set_cause(py, Some(e));
     hinted

@@ -47,7 +47,14 @@ pub struct JaxDevice {
     pub dl: DLDevice,
     /// The stream JAX reads external data on; `None` on the CPU.
     pub ready: Option<Ready>,
+    /// A device of one of handoff's capture clients (`handoff._capture`), not JAX's own.
+    pub captured: bool,
 }
+
+/// A capture client's device for a crossing inside a capture ([`Jax::capture_device`]):
+/// the JAX device, its ready stream, and (the first time for the capture) what to keep
+/// with the graph.
+pub type Leased = (Py<PyAny>, Option<Ready>, Option<Py<PyAny>>);
 
 /// The stream a JAX device reads external data on
 /// (`Device.get_stream_for_external_ready_events()`).
@@ -168,7 +175,7 @@ impl Jax {
             DLDeviceType::CUDA => dl,
             _ => return Ok(None),
         };
-        if let Some((object, _, ready)) = self.cached(py, |d| d.dl == key) {
+        if let Some((object, _, ready)) = self.cached(py, |d| d.dl == key && !d.captured) {
             return Ok(Some((object, ready)));
         }
         let platform = if key.device_type == DLDeviceType::CPU { "cpu" } else { "cuda" };
@@ -177,7 +184,57 @@ impl Jax {
             .bind(py)
             .call1((platform,))?
             .call_method1(intern!(py, "device_from_local_hardware_id"), (key.device_id,))?;
-        Ok(Some(self.remember(py, object, key)?))
+        Ok(Some(self.remember(py, object, key, false)?))
+    }
+
+    /// The device CUDA work of the capture `capture` (its id) runs on: a device of the
+    /// PJRT client of handoff's own that the capture holds (`handoff._capture.lease`,
+    /// which makes or reuses one, so nothing outside the graph ever allocates the
+    /// memory its replays write), with its ready stream. The first time for a capture,
+    /// also what to keep with the graph: dropping it gives the client back. `None` where
+    /// capture clients are switched off (`handoff._capture.ENABLED`).
+    pub fn capture_device(
+        &self,
+        py: Python<'_>,
+        dl: DLDevice,
+        capture: u64,
+    ) -> PyResult<Option<Leased>> {
+        let lease = py.import(intern!(py, "handoff._capture"))?.getattr(intern!(py, "lease"))?;
+        // A new client allocates and starts streams: allowed inside the capture as
+        // PyTorch allows its own allocations there.
+        let leased =
+            handoff_runtime::cuda::with_capture_mode_relaxed(|| lease.call1((dl.device_id, capture)));
+        let (object, token): (Bound<'_, PyAny>, Bound<'_, PyAny>) = leased?.extract()?;
+        if object.is_none() {
+            return Ok(None); // capture clients switched off: JAX's own device
+        }
+        let token = (!token.is_none()).then(|| token.unbind());
+        if let Some((object, _, ready)) = self.cached(py, |d| d.object.bind(py).is(&object)) {
+            return Ok(Some((object, ready, token)));
+        }
+        if describe(&object)? != Some(dl) {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "handoff._capture.lease({}, {capture}) gave {object}, not a device of {dl:?}",
+                dl.device_id
+            )));
+        }
+        let (object, ready) = self.remember(py, object, dl, true)?;
+        Ok(Some((object, ready, token)))
+    }
+
+    /// Whether `array` is a JAX array on a device of one of handoff's capture clients
+    /// (made by a crossing inside a capture, or computed from such arrays).
+    pub fn on_capture_client(&self, array: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = array.py();
+        if !self.is_array(array) {
+            return Ok(false);
+        }
+        let Some(object) = array.getattr(intern!(py, "sharding"))?.getattr_opt(intern!(py, "_device"))?
+        else {
+            return Ok(false);
+        };
+        let devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(devices.iter().any(|d| d.captured && d.object.bind(py).is(&object)))
     }
 
     /// The DLPack device of the JAX array `array` and, on CUDA, the device's ready
@@ -193,7 +250,7 @@ impl Jax {
             Some((_, dl, ready)) => (dl, ready),
             None => {
                 let Some(dl) = describe(&object)? else { return Ok(None) };
-                (dl, self.remember(py, object, dl)?.1)
+                (dl, self.remember(py, object, dl, false)?.1)
             }
         };
         if dl.device_type == DLDeviceType::CUDA {
@@ -216,26 +273,29 @@ impl Jax {
         Some((d.object.clone_ref(py), d.dl, d.ready.clone()))
     }
 
-    /// Caches a device, with its ready stream on CUDA.
+    /// Caches a device, with its ready stream on CUDA (`captured`: of a capture
+    /// client).
     fn remember(
         &self,
         py: Python<'_>,
         object: Bound<'_, PyAny>,
         dl: DLDevice,
+        captured: bool,
     ) -> PyResult<(Py<PyAny>, Option<Ready>)> {
         let ready = if dl.device_type == DLDeviceType::CUDA {
             let raw: u64 =
                 object.call_method0(intern!(py, "get_stream_for_external_ready_events"))?.extract()?;
             let ordinal = u32::try_from(dl.device_id).unwrap_or(u32::MAX);
             // SAFETY: a stream of XLA's on the device's primary context (PyTorch, XLA and
-            // handoff share it), owned by JAX's client, which lives as long as the process.
+            // handoff share it), owned by JAX's client or one of handoff's capture
+            // clients, each of which lives as long as the process.
             let stream = unsafe { cuda::stream(ordinal, raw) }.map_err(crate::errors::to_py)?;
             Some(Ready { stream, raw })
         } else {
             None
         };
         let object = object.unbind();
-        let entry = JaxDevice { object: object.clone_ref(py), dl, ready: ready.clone() };
+        let entry = JaxDevice { object: object.clone_ref(py), dl, ready: ready.clone(), captured };
         self.devices.lock().unwrap_or_else(|e| e.into_inner()).push(entry);
         Ok((object, ready))
     }

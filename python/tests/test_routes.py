@@ -234,9 +234,10 @@ class CommandBufferInCapture:
         raise RuntimeError(self.MESSAGE)
 
 
-def test_xlas_command_buffer_in_a_capture_is_told_with_the_flag_that_turns_it_off():
+def test_xlas_command_buffer_in_a_capture_is_told_with_the_option_that_turns_it_off():
     with pytest.raises(handoff.HandoffError, match="XLA_FLAGS=--xla_gpu_enable_command_buffer=") as e:
         handoff.to_torch(CommandBufferInCapture())
+    assert "jax.jit(f, compiler_options={'xla_gpu_enable_command_buffer': ''})" in str(e.value)
     assert isinstance(e.value.__cause__, RuntimeError)
     assert str(e.value.__cause__) == CommandBufferInCapture.MESSAGE
     # Any other error of the producer reaches the caller as it is.

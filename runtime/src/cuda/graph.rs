@@ -14,9 +14,10 @@ use std::sync::OnceLock;
 use std::sync::mpsc::{Sender, channel};
 
 impl CudaBackend {
-    /// The graph `stream` is capturing, if it is: `cuStreamGetCaptureInfo`, which
-    /// never blocks. The legacy default stream never captures (CUDA forbids it).
-    pub(crate) fn capture_graph(&self, stream: RawStream) -> Result<Option<sys::CUgraph>> {
+    /// The graph `stream` is capturing and the capture's id (unique in the process), if
+    /// it is: `cuStreamGetCaptureInfo`, which never blocks. The legacy default stream
+    /// never captures (CUDA forbids it).
+    pub(crate) fn capture_graph(&self, stream: RawStream) -> Result<Option<(sys::CUgraph, u64)>> {
         if stream == LEGACY || stream == CU_STREAM_LEGACY {
             return Ok(None);
         }
@@ -25,6 +26,7 @@ impl CudaBackend {
         let _ctx = if stream == CU_STREAM_PER_THREAD { Some(self.enter()?) } else { None };
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let mut graph: sys::CUgraph = std::ptr::null_mut();
+        let mut id: sys::cuuint64_t = 0;
         count_calls(1);
         // SAFETY: `stream` is a stream of this device's primary context, borrowed from
         // its owner; the out-pointers are valid, the null ones are allowed.
@@ -32,7 +34,7 @@ impl CudaBackend {
             sys::cuStreamGetCaptureInfo_v3(
                 stream as usize as sys::CUstream,
                 &mut status,
-                std::ptr::null_mut(),
+                &mut id,
                 &mut graph,
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
@@ -44,7 +46,7 @@ impl CudaBackend {
         })?;
         match status {
             sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(None),
-            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(Some(graph)),
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(Some((graph, id))),
             _ => Err(Error::Backend {
                 backend: "cuda",
                 call: "cuStreamGetCaptureInfo",
@@ -59,7 +61,7 @@ impl CudaBackend {
     /// Keeps `release` with the graph `stream` captures (see [`crate::graph`]).
     pub(crate) fn keep(&self, stream: RawStream, release: Kept) -> std::result::Result<(), (Error, Kept)> {
         let graph = match self.capture_graph(stream) {
-            Ok(Some(graph)) => graph,
+            Ok(Some((graph, _))) => graph,
             Ok(None) => {
                 let e = Error::Backend {
                     backend: "cuda",
@@ -166,4 +168,32 @@ pub(crate) fn relax_capture_mode() -> bool {
     // SAFETY: `mode` is a valid in/out pointer; the call sets this thread's mode only.
     let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
     true
+}
+
+/// Runs `f` with the calling thread's capture mode relaxed
+/// (`cuThreadExchangeStreamCaptureMode`), then puts the thread's mode back: calls that
+/// a capture in global or thread-local mode refuses (a memory allocation, what a
+/// library does while it starts) are allowed in `f`, as PyTorch's caching allocator
+/// allows its own `cudaMalloc` inside a capture. `f`'s calls must not depend on work
+/// being captured. Without the driver loaded, just `f()`.
+///
+/// ```
+/// let two = handoff_runtime::cuda::with_capture_mode_relaxed(|| 1 + 1);
+/// assert_eq!(two, 2);
+/// ```
+pub fn with_capture_mode_relaxed<T>(f: impl FnOnce() -> T) -> T {
+    if !super::driver::loaded() {
+        return f();
+    }
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    count_calls(1);
+    // SAFETY: `mode` is a valid in/out pointer; the call sets this thread's mode only.
+    let relaxed = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) } == sys::CUresult::CUDA_SUCCESS;
+    let result = f();
+    if relaxed {
+        count_calls(1);
+        // SAFETY: as above; `mode` is the thread's mode from before.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+    result
 }

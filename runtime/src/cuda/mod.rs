@@ -44,6 +44,7 @@ mod graph;
 mod graph_edit;
 
 pub(crate) use graph::relax_capture_mode;
+pub use graph::with_capture_mode_relaxed;
 
 pub use driver::{LIBRARY, driver_calls, driver_calls_total};
 pub use graph_edit::{Settled, code_library, describe_graph, prune_taken_out, settle_capture};
@@ -151,6 +152,26 @@ pub fn raw_stream(stream: &Stream) -> Option<(u32, u64)> {
     let any: &dyn std::any::Any = stream.backend();
     let backend = any.downcast_ref::<CudaBackend>()?;
     stream.is_usable_here().then(|| (backend.ordinal(), stream.raw()))
+}
+
+/// The id of the CUDA graph capture `stream` is part of (`cuStreamGetCaptureInfo`,
+/// never blocking), unique in the process for its life: two captures never share one,
+/// even where the driver reuses a graph's handle. `None` when `stream` is not
+/// capturing, or is not a CUDA stream usable on this thread.
+///
+/// ```
+/// use handoff_runtime::cuda;
+/// if cuda::is_available() {
+///     let legacy = cuda::legacy_stream(0).unwrap(); // never captures
+///     assert_eq!(cuda::capture_id(&legacy).unwrap(), None);
+/// }
+/// ```
+///
+/// # Errors
+/// A capture invalidated by an earlier error, or the driver's error.
+pub fn capture_id(stream: &Stream) -> Result<Option<u64>> {
+    let Some((ordinal, raw)) = raw_stream(stream) else { return Ok(None) };
+    Ok(backend::backend(ordinal)?.capture_graph(raw)?.map(|(_, id)| id))
 }
 
 /// The DLPack Python-protocol value that names a CUDA stream (what a consumer passes
