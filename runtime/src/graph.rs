@@ -57,30 +57,16 @@ pub fn keep<K: Send + 'static>(stream: &crate::stream::Stream, value: K) -> crat
             message: format!("{stream:?} is not capturing a graph"),
         });
     }
-    stream.backend().keep_with_graph(stream.raw(), counted(Box::new(move || drop(value)))).map_err(
-        |(e, value)| {
-            std::mem::forget(value);
-            e
-        },
-    )
-}
-
-/// Releases kept with graphs and not done yet (see [`pending`]).
-static PENDING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// `release`, counted in [`pending`] until it has run.
-pub(crate) fn counted(release: Kept) -> Kept {
-    PENDING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    Box::new(move || {
-        release();
-        PENDING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    stream.keep_with_graph(Box::new(move || drop(value))).map_err(|(e, value)| {
+        std::mem::forget(value);
+        e
     })
 }
 
 /// How many releases graphs keep (or were destroyed and not yet did): those of live
 /// graphs, and those the driver has not yet handed back after a graph was destroyed.
 pub fn pending() -> usize {
-    PENDING.load(std::sync::atomic::Ordering::SeqCst)
+    crate::stream::kept_with_graphs()
 }
 
 /// Waits, polling, up to `timeout` for every release kept with a graph to be done

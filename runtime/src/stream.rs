@@ -7,7 +7,7 @@ use crate::stats::{self, Counter};
 use std::any::Any;
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::ThreadId;
 
@@ -78,6 +78,13 @@ pub trait Backend: std::any::Any + Send + Sync {
     fn is_capturing(&self, _stream: RawStream) -> Result<bool> {
         Ok(false)
     }
+    /// Makes the calling thread's event queries never disturb a graph capture that
+    /// another thread makes (CUDA: the thread's capture interaction mode, relaxed, as
+    /// PyTorch's allocator does around its own queries; a capture in global mode would
+    /// otherwise be invalidated by them). Called by handoff's own threads before they
+    /// query this backend's events, never on a thread of the program's. Never blocks.
+    /// The default: nothing (its streams never capture).
+    fn relax_capture_mode(&self) {}
     /// Keeps `keep_alive` until the graph `stream` is capturing is destroyed and every
     /// launch of it is done, then drops it on a thread of handoff's (see
     /// `handoff_runtime::graph`). Called only where [`is_capturing`](Self::is_capturing) said
@@ -91,6 +98,25 @@ pub trait Backend: std::any::Any + Send + Sync {
         );
         Err((Error::Backend { backend: self.name(), call: "keep_with_graph", message: reason }, keep_alive))
     }
+}
+
+/// Releases kept with graphs and not run yet ([`counted`]).
+static KEPT_WITH_GRAPHS: AtomicUsize = AtomicUsize::new(0);
+
+/// `release`, counted in [`kept_with_graphs`] until it has run: what a graph keeps.
+pub(crate) fn counted(release: Kept) -> Kept {
+    KEPT_WITH_GRAPHS.fetch_add(1, Ordering::SeqCst);
+    Box::new(move || {
+        release();
+        KEPT_WITH_GRAPHS.fetch_sub(1, Ordering::SeqCst);
+    })
+}
+
+/// How many releases graphs keep and have not run yet: those of live graphs, and those
+/// the driver has not yet handed back after a graph was destroyed
+/// ([`crate::graph::pending`]).
+pub(crate) fn kept_with_graphs() -> usize {
+    KEPT_WITH_GRAPHS.load(Ordering::SeqCst)
 }
 
 /// Free events of one device, reused so that a steady state creates none.
@@ -446,6 +472,14 @@ impl Stream {
         Ok(())
     }
 
+    /// Keeps `release` with the graph this stream captures, to run once the graph is
+    /// destroyed ([`Backend::keep_with_graph`]), counted in [`kept_with_graphs`] until it
+    /// has run. On failure what comes back is to be leaked (a replay may use what it
+    /// holds), and stays counted.
+    pub(crate) fn keep_with_graph(&self, release: Kept) -> std::result::Result<(), (Error, Kept)> {
+        self.backend.keep_with_graph(self.raw, counted(release))
+    }
+
     /// Whether this stream is capturing a graph (see [`Backend::is_capturing`]); the
     /// host stream never is.
     pub fn is_capturing(&self) -> Result<bool> {
@@ -536,6 +570,11 @@ impl Event {
         self.raw
     }
 
+    /// [`Backend::relax_capture_mode`] of its backend, on this thread.
+    pub(crate) fn relax_capture_mode(&self) {
+        self.backend.relax_capture_mode();
+    }
+
     /// A handle that asks about this event without owning it, for the reaper, which
     /// asks with no lock held while the event's owner stays in its queue.
     pub(crate) fn probe(&self) -> EventProbe {
@@ -555,6 +594,11 @@ impl EventProbe {
     /// [`Event::query`], of the event's latest record. Never blocks.
     pub(crate) fn query(&self) -> Result<bool> {
         self.backend.query(self.raw)
+    }
+
+    /// [`Backend::relax_capture_mode`] of its backend, on this thread.
+    pub(crate) fn relax_capture_mode(&self) {
+        self.backend.relax_capture_mode();
     }
 }
 

@@ -261,6 +261,13 @@ impl Backend for CudaBackend {
         self.capture_graph(stream).map(|g| g.is_some())
     }
 
+    fn relax_capture_mode(&self) {
+        thread_local!(static RELAXED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+        if !RELAXED.get() {
+            RELAXED.set(super::graph::relax_capture_mode());
+        }
+    }
+
     fn keep_with_graph(
         &self,
         stream: RawStream,

@@ -179,7 +179,7 @@ fn take_out_callback(
     // SAFETY: a host node of the live graph, given a function that does nothing.
     check(unsafe { sys::cuGraphHostNodeSetParams(node, &nothing) })?;
     let callback = Callback { function, data: params.userData };
-    if let Err((e, _)) = keep_with(graph, crate::graph::counted(Box::new(move || callback.run()))) {
+    if let Err((e, _)) = keep_with(graph, crate::stream::counted(Box::new(move || callback.run()))) {
         // The callback is neither run nor kept: what it would release stays held.
         eprintln!(
             "handoff: a host callback taken out of a graph cannot be kept with it ({e}); it will not run"

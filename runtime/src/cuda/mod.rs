@@ -43,7 +43,6 @@ mod driver;
 mod graph;
 mod graph_edit;
 
-pub(crate) use graph::relax_capture_mode;
 pub use graph::with_capture_mode_relaxed;
 
 pub use driver::{LIBRARY, driver_calls, driver_calls_total};

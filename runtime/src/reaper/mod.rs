@@ -244,8 +244,7 @@ pub(crate) fn release_for<K: Send + 'static>(
 /// Keeps `keep_alive` with the graph `stream` is capturing, to be given back to its
 /// home once the graph is destroyed ([`crate::graph`]); leaks it if the backend cannot.
 fn keep_with_graph<K: Send + 'static>(stream: &Stream, home: Option<home::Home>, keep_alive: K) {
-    let release = crate::graph::counted(Box::new(move || give_home(home, keep_alive)));
-    match stream.backend().keep_with_graph(stream.raw(), release) {
+    match stream.keep_with_graph(Box::new(move || give_home(home, keep_alive))) {
         Ok(()) => stats::count(Counter::ReleasesWithGraph, 1),
         Err((e, release)) => {
             leak(release);
@@ -311,14 +310,22 @@ fn drop_quietly<K>(keep_alive: K) {
     }
 }
 
-/// Whether `event` has completed, with a failure or a panic of the backend as text.
+/// Whether `event` has completed, with a failure or a panic of the backend as text. The
+/// query must not invalidate a graph another thread captures: this thread's capture
+/// mode is relaxed first ([`crate::Backend::relax_capture_mode`]).
 fn query(event: &Event) -> Result<bool, String> {
-    answer(|| event.query())
+    answer(|| {
+        event.relax_capture_mode();
+        event.query()
+    })
 }
 
 /// [`query`] through a probe.
 fn query_probe(probe: &EventProbe) -> Result<bool, String> {
-    answer(|| probe.query())
+    answer(|| {
+        probe.relax_capture_mode();
+        probe.query()
+    })
 }
 
 /// A query's answer, with a failure or a panic of the backend as text.
@@ -359,10 +366,6 @@ fn min_poll() -> Duration {
 
 fn run() {
     let r = reaper();
-    // Its queries must not invalidate a graph another thread captures in global mode:
-    // relaxed once the process uses CUDA (checked each sweep until then).
-    #[cfg(feature = "cuda")]
-    let mut relaxed = false;
     let mut spares = Spares::default();
     let mut backoff = min_poll();
     let mut last_work = Instant::now();
@@ -383,10 +386,6 @@ fn run() {
                 last_work = Instant::now();
                 continue;
             }
-        }
-        #[cfg(feature = "cuda")]
-        if !relaxed {
-            relaxed = crate::cuda::relax_capture_mode();
         }
         // Deferred releases go to their homes; what waited there too long is dropped here.
         if sweep(r, Deliver::Home, &mut spares) + home::take_all(home::STALE) == 0 {
