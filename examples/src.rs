@@ -7,3 +7,10 @@
 
 pub mod model;
 pub mod train;
+
+/// The README's Rust blocks, compiled as doctests of this crate, which has every adapter
+/// (`cargo test -p handoff-examples --doc`); those marked `no_run` need a plugin or a GPU
+/// to run. `cargo xtask layout` checks that this stays.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExamples;

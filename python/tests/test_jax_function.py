@@ -430,16 +430,3 @@ def test_on_cuda_pytorch_runs_on_xlas_stream_without_host_syncs():
     with pytest.raises(jax.errors.JaxRuntimeError, match="synchronized the host with the GPU"):
         jax.block_until_ready(jax.jit(syncing)(x))
 
-
-def test_the_readmes_example_runs_as_written():
-    import os
-
-    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
-    text = open(readme, encoding="utf-8").read()
-    section = text.split("### The other direction: PyTorch inside `jax.jit`", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    scope: dict = {}
-    exec(compile(code, "README.md (jax_function example)", "exec"), scope)  # noqa: S102
-    first = float(scope["loss"])
-    loss, _ = scope["step"](scope["params"], scope["jnp"].ones((16, 4)))
-    assert float(loss) < first, "an SGD step through the PyTorch module lowers the loss"

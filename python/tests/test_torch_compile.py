@@ -342,16 +342,3 @@ def test_checkpoint_and_selective_checkpointing_naming_the_operator():
     for p, q in zip(ckpt.parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
 
-
-# ---- the README ---------------------------------------------------------------------------
-
-
-def test_the_readmes_torch_compile_example_runs_as_written():
-    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
-    text = open(readme, encoding="utf-8").read()
-    section = text.split("### torch.compile, torch.export", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    scope: dict = {}
-    exec(compile(code, "README.md (torch.compile example)", "exec"), scope)  # noqa: S102
-    assert graph_breaks() == 0
-    assert scope["ln_gelu"].executions == 6, "three steps, each a forward and a backward"

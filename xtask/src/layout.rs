@@ -1,6 +1,6 @@
 //! `cargo xtask layout` (and the first step of `cargo xtask test`): what
-//! `docs/ARCHITECTURE.md` says of the code's layout, checked against the code, and
-//! that the GPU logs are those the documents cite.
+//! `docs/ARCHITECTURE.md` says of the code's layout, checked against the code, that
+//! the GPU logs are those the documents cite, and that the README stays short.
 //!
 //! - **Cycles** (`cycles`). Within each crate, no cycle of top-level modules (a
 //!   module's files and submodules count as the module; the crate root, which declares
@@ -34,6 +34,9 @@
 //!   `xtask/src/`, or a log `bench/readme_performance.py` reads from its run), every
 //!   path cited there exists, and there are at most 100 files. Each is an error naming
 //!   the file (and the citing file and line).
+//! - **The README** (`readme`). `README.md`'s first Rust and Python examples end within
+//!   its first 60 lines, its words are within budget, and `examples/src.rs` compiles its
+//!   Rust blocks as doctests. Each is an error naming the line or the count.
 //!
 //! Each check also counts what it read, and fails below a floor: a check that read
 //! nothing would otherwise pass. Reads files only; no dependencies.
@@ -41,6 +44,7 @@
 mod citations;
 mod cycles;
 mod imports;
+mod readme;
 mod tokens;
 mod walk;
 
@@ -91,6 +95,7 @@ pub fn check(root: &Path) -> Result<(), String> {
     let paths = check_paths(root, &doc, &mut problems);
     let walk = walk::check(root, &files, &doc, &mut problems);
     let logs = citations::check(root, &mut problems);
+    let readme = readme::check(root, &mut problems);
     // Guards against a check that passes because it read nothing.
     let modules: usize = crates.iter().map(|c| c.modules.len()).sum();
     let uses: usize = crates.iter().map(|c| c.edges.values().map(BTreeMap::len).sum::<usize>()).sum();
@@ -107,6 +112,7 @@ pub fn check(root: &Path) -> Result<(), String> {
         ("Markdown files read for citations of the GPU logs", logs.markdown, 5),
         ("citations of the GPU logs", logs.cited, 20),
         ("GPU logs", logs.logs, 20),
+        ("words in the README", readme.words, 500),
     ] {
         if found < least {
             problems
@@ -143,6 +149,7 @@ pub fn check(root: &Path) -> Result<(), String> {
             logs.markdown,
             citations::SCRIPTS.join(", ")
         );
+        println!("xtask: layout: {}", readme.summary());
         Ok(())
     } else {
         Err(format!("layout check failed:\n  {}", problems.join("\n  ")))

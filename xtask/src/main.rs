@@ -7,9 +7,10 @@
 //!   inputs run through `fuzz/tests/regressions.rs`)
 //! - `layout` the layout check alone: no module cycle, imports by module path and no
 //!   renaming re-export, every source file over 500 lines listed, every path
-//!   docs/ARCHITECTURE.md names present, every function its walk names in its file; and
+//!   docs/ARCHITECTURE.md names present, every function its walk names in its file;
 //!   every GPU log in docs/gpu-runs/ cited by a document, every cited one present, at
-//!   most 100 (see layout.rs)
+//!   most 100; and the README's first examples in its first 60 lines, its words within
+//!   budget (see layout.rs)
 //! - `demo`   setup, then build and run the pipeline demo (`-- --help` for its options)
 //! - `doctor` setup, then `handoff doctor` built with every adapter: what is registered and
 //!   what was found of libtorch, PJRT and CUDA on this machine
