@@ -193,12 +193,7 @@ impl Jax {
     /// memory its replays write), with its ready stream. The first time for a capture,
     /// also what to keep with the graph: dropping it gives the client back. `None` where
     /// capture clients are switched off (`handoff._capture.ENABLED`).
-    pub fn capture_device(
-        &self,
-        py: Python<'_>,
-        dl: DLDevice,
-        capture: u64,
-    ) -> PyResult<Option<Leased>> {
+    pub fn capture_device(&self, py: Python<'_>, dl: DLDevice, capture: u64) -> PyResult<Option<Leased>> {
         let lease = py.import(intern!(py, "handoff._capture"))?.getattr(intern!(py, "lease"))?;
         // A new client allocates and starts streams: allowed inside the capture as
         // PyTorch allows its own allocations there.
