@@ -33,8 +33,8 @@ JAX runs with its default flags: what handoff captures is compiled with XLA's co
 buffers off for that executable alone, and the scratch probe's own function is compiled
 so too (``compiler_options``). ``--command-buffers-flag`` turns them off for the whole
 process instead (``XLA_FLAGS``, set before JAX starts: the rule before capture clients,
-for a baseline). ``--control``: crossings inside a capture stay on JAX's own client
-(``handoff._capture.ENABLED = False``), the path before capture clients.
+for a baseline). Capture clients are switched on (``handoff.capture_clients(enabled=True)``);
+``--control``: off, crossings inside a capture stay on JAX's own client (the default).
 """
 
 import argparse
@@ -113,7 +113,7 @@ def main() -> int:
     ap.add_argument("--control", action="store_true",
                     help="crossings inside a capture stay on JAX's own client (the path before)")
     args = ap.parse_args()
-    handoff._capture.ENABLED = not args.control
+    handoff.capture_clients(enabled=not args.control)
     if not torch.cuda.is_available():
         emit(probe=args.probe, skipped="no CUDA device")
         return 0

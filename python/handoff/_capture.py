@@ -16,6 +16,11 @@ demand (no preallocation). Making one takes about 0.2 s and 12.6 MB of device me
 (H100, H200); each JAX function compiles once more for it. Clients live as long as the
 process (handoff keeps their streams), reused, at most :func:`capture_clients`' limit
 per device at once.
+
+Off unless switched on (``handoff.capture_clients(enabled=True)``): on an H100, 4 of 17
+runs of ``torch.cuda.make_graphed_callables`` on a module with a JAX layer ended in a
+segmentation fault inside the capture, right after the JAX work on a new client
+(BENCHMARKS.md, 2026-12-07 15:12), and its cause is not found yet.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["capture_clients"]
 
-#: Whether crossings inside a capture go to capture clients (``False``: JAX's own device,
-#: as before; the control of the GPU checks).
-ENABLED = True
+#: Whether crossings inside a capture go to capture clients (``False``, the default:
+#: JAX's own device; see the module's docs).
+ENABLED = False
 
 _lock = threading.RLock()  # a lease may be dropped on the thread holding it
 _limit = 8
@@ -40,23 +45,31 @@ _made: Dict[int, List[Any]] = {}
 _leased: Dict[Tuple[int, int], Any] = {}
 
 
-def capture_clients(limit: Optional[int] = None, memory_fraction: Optional[float] = None) -> Dict[str, Any]:
-    """The PJRT clients that CUDA graph captures with JAX work hold (one per live graph
-    that has JAX work, per device; see ``handoff.torch_function``'s CUDA graphs), and
-    their limits. ``limit``: at most this many per device at once (default 8); a capture
-    past it raises ``HandoffError`` naming the limit. ``memory_fraction``: the share of
-    device memory each client's allocator may grow to (default: the plugin's own);
-    applies to clients made from now on.
+def capture_clients(enabled: Optional[bool] = None, limit: Optional[int] = None,
+                    memory_fraction: Optional[float] = None) -> Dict[str, Any]:
+    """PJRT clients of CUDA graph captures' own: with ``enabled=True``, a tensor handed to
+    JAX inside a capture (``handoff.to_jax``, ``handoff.torch_function``) lands on a
+    client the capture holds alone for the graph's life, one per live graph with JAX
+    work per device, so no JAX array made later can sit in the memory a replay writes.
+    Off by default (``handoff._capture``'s docs say why). ``limit``: at most this many
+    per device at once (default 8); a capture past it raises ``HandoffError`` naming the
+    limit. ``memory_fraction``: the share of device memory each client's allocator may
+    grow to (default: the plugin's own); applies to clients made from now on.
 
-    Returns ``{"limit", "memory_fraction", "made", "leased", "memory"}``: the clients made
-    and leased per device ordinal, and each made client's allocator statistics
-    (``bytes_in_use``, ``pool_bytes``, ``peak_bytes_in_use``, as JAX reports them)::
+    Returns ``{"enabled", "limit", "memory_fraction", "made", "leased", "memory"}``: the
+    clients made and leased per device ordinal, and each made client's allocator
+    statistics (``bytes_in_use``, ``pool_bytes``, ``peak_bytes_in_use``, as JAX reports
+    them)::
 
         import handoff
-        handoff.capture_clients(limit=4)
+        handoff.capture_clients(enabled=True, limit=4)
         print(handoff.capture_clients()["memory"])
     """
-    global _limit, _memory_fraction
+    global ENABLED, _limit, _memory_fraction
+    if enabled is not None:
+        if not isinstance(enabled, bool):
+            raise ValueError(f"handoff.capture_clients: enabled must be a bool, got {enabled!r}")
+        ENABLED = enabled
     if limit is not None:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"handoff.capture_clients: limit must be a positive int, got {limit!r}")
@@ -74,15 +87,16 @@ def capture_clients(limit: Optional[int] = None, memory_fraction: Optional[float
             leased[o] = leased.get(o, 0) + 1
         clients = [(o, c) for o, cs in _made.items() for c in cs]
     memory = [{"ordinal": o, **_memory(c, o)} for o, c in clients]
-    return {"limit": _limit, "memory_fraction": _memory_fraction, "made": made, "leased": leased,
-            "memory": memory}
+    return {"enabled": ENABLED, "limit": _limit, "memory_fraction": _memory_fraction, "made": made,
+            "leased": leased, "memory": memory}
 
 
 def lease(ordinal: int, capture: int) -> Tuple[Any, Any]:
     """The JAX device of device ``ordinal`` on the client the capture ``capture`` (its
     CUDA id) holds, and, the first time for that capture, the token to keep with its
     graph (dropped when the graph is gone, it gives the client back); ``None`` for the
-    token after that. ``(None, None)`` when capture clients are off (:data:`ENABLED`).
+    token after that. ``(None, None)`` when capture clients are off (:data:`ENABLED`, the
+    default).
     Called by handoff's crossings inside a capture."""
     if not ENABLED:
         return None, None

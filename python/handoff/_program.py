@@ -133,11 +133,12 @@ class Program:
         traced = self.traced(tuple(tuple(t.shape) for t in tensors))
         captured = self.device.type == "cuda" and _capturing()
         with _jax_config.configured(self.context):
-            xs = _to_jax_many(tensors)  # inside a capture: on the capture's own client
+            xs = _to_jax_many(tensors)  # inside a capture: on its client (handoff._capture)
             arrays = (traced.captured_run() if captured else traced.run)(*xs)
         crossed = _to_torch_many(arrays)
         # The JAX arrays of residuals and inputs, for a backward that reads them without
-        # crossing back; not those of a capture, whose client the backward may not share.
+        # crossing back; not those of a capture, whose client the backward may not share
+        # (capture clients, handoff._capture).
         if not captured:
             if getattr(_HERE, "keep", False):  # the eager autograd formula asks for them
                 _HERE.kept = {i: (tensors[i], xs[i]) for i in traced.saved_in}
@@ -358,8 +359,9 @@ def _capturing() -> bool:
 def _as_jax(tensors: Sequence[Any], captured: bool = False) -> List[Any]:
     """JAX arrays of these tensors: the array a tensor was made from where the forward
     kept it (with a residual, or offered on this thread), the others handed to JAX (in
-    one call). Inside a capture (``captured``) every tensor crosses: on the capture's own
-    client, which the forward's arrays may not be on."""
+    one call). Inside a capture (``captured``) every tensor crosses: onto the capture's
+    client where capture clients are on (``handoff._capture``), which the forward's
+    arrays may not be on."""
     known = getattr(_HERE, "known", None) or {}
     _HERE.known = None
     if captured:

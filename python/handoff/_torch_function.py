@@ -145,11 +145,11 @@ def torch_function(
     an argument unchanged), or one returned twice, is cloned.
 
     **CUDA graphs.** Inside ``torch.cuda.graph`` or ``torch.cuda.make_graphed_callables``
-    the layer's tensors cross to a PJRT client the capture holds alone
-    (``handoff.capture_clients``), so the memory a replay writes is never given to
-    another JAX array; its programs are compiled for it with XLA's command buffers off
-    (``compiler_options``: no ``XLA_FLAGS`` to set), and the backward reads every
-    tensor again there. ``torch.compile(mode="reduce-overhead")`` splits its CUDA graphs
+    the layer's programs are compiled with XLA's command buffers off for themselves
+    (``compiler_options``: no ``XLA_FLAGS`` to set) and the backward hands every tensor
+    to JAX again. With ``handoff.capture_clients(enabled=True)`` the tensors cross to a
+    PJRT client the capture holds alone, so the memory a replay writes is never given to
+    another JAX array. ``torch.compile(mode="reduce-overhead")`` splits its CUDA graphs
     around the layer (the operators are tagged ``cudagraph_unsafe``).
 
     **torch.compile, torch.export, checkpointing.** Dynamo and AOTAutograd trace the

@@ -40,11 +40,11 @@ pub(crate) fn settle_for_graph(
 /// [`CaptureWarning`](errors::CaptureWarning). XLA gives a captured execution's scratch
 /// memory back to its allocator as soon as the execution is enqueued, in the order of
 /// XLA's own stream; every replay writes that memory again, on PyTorch's stream, and
-/// XLA's allocator gives it to the next arrays it makes. Work on arrays that crossed
-/// inside the capture runs on the capture's own client (`handoff._capture`), whose
-/// memory nothing else allocates; work on arrays JAX made itself (`jnp.ones`, arrays
-/// from before the capture) runs on JAX's client, where that reuse happens
-/// (docs/RELIABILITY.md, CUDA graphs). The warning says what to keep apart.
+/// XLA's allocator gives it to the next arrays it makes. With capture clients on
+/// (`handoff.capture_clients`), work on arrays that crossed inside the capture runs on
+/// the capture's own client, whose memory nothing else allocates, and does not warn;
+/// work on JAX's own client does (docs/RELIABILITY.md, CUDA graphs). The warning says
+/// what to keep apart.
 fn warn_of_scratch_reuse(py: Python<'_>) -> PyResult<()> {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if WARNED.swap(true, Ordering::Relaxed) {
@@ -57,9 +57,10 @@ fn warn_of_scratch_reuse(py: Python<'_>) -> PyResult<()> {
           made itself, not handed over by handoff inside the capture). XLA reuses a captured \
           execution's scratch memory for the arrays it makes next, and every replay writes \
           that memory again: a JAX array made after this capture and still alive at a \
-          replay, or a tensor handed over from one, can be overwritten. Hand the capture's \
-          inputs over with handoff.to_jax inside the capture (its work then runs on a \
-          client of the graph's own), or finish with such results before replaying.",
+          replay, or a tensor handed over from one, can be overwritten. Finish with such \
+          results before replaying, or switch capture clients on \
+          (handoff.capture_clients(enabled=True)): work on arrays handed over inside a \
+          capture then runs on a client of the graph's own.",
         1,
     )
 }

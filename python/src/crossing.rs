@@ -365,6 +365,7 @@ impl ToJax {
         let (device, ready) = match leased {
             Some((device, ready, token)) => {
                 if let (Some(token), Some(p)) = (token, &producer) {
+                    let token = crate::keep_alive::PyKeepAlive::new(token);
                     handoff_runtime::graph::keep(p, token).map_err(errors::to_py)?;
                 }
                 (device, ready)

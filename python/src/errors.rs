@@ -25,8 +25,9 @@ create_exception!(
     PyRuntimeWarning,
     "Work of JAX's own client was captured into a CUDA graph: JAX arrays made after the capture \
      and still alive at one of its replays can be overwritten by it (XLA reuses a captured \
-     execution's scratch memory). Work on arrays handed over inside the capture runs on a client \
-     of the graph's own and never warns. Given once per process."
+     execution's scratch memory). With handoff.capture_clients(enabled=True), work on arrays \
+     handed over inside the capture runs on a client of the graph's own and does not warn. Given \
+     once per process."
 );
 
 /// The Python exception for a runtime error: [`InvalidTensorError`] for a tensor that

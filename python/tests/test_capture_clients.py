@@ -4,6 +4,8 @@ capture, given back when the graph is gone, reused, and capped. (The crossings t
 lease them run on a GPU: ``bench/gpu_graph_checks.py``.)"""
 
 import gc
+import subprocess
+import sys
 
 import pytest
 
@@ -86,9 +88,24 @@ def test_switched_off_leaves_jax_own_device(fake, monkeypatch):
     assert FakeClient.made == 0
 
 
+def test_off_by_default_and_switched_on():
+    # A fresh process: off, and a crossing inside a capture would keep JAX's own device.
+    code = ("import handoff; from handoff import _capture; "
+            "print(handoff.capture_clients()['enabled'], _capture.lease(0, 1))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "(None,", "None)"]
+    try:
+        assert handoff.capture_clients(enabled=True)["enabled"] is True and _capture.ENABLED is True
+        with pytest.raises(ValueError, match="enabled must be a bool, got 1"):
+            handoff.capture_clients(enabled=1)
+    finally:
+        handoff.capture_clients(enabled=False)
+
+
 def test_report_and_bad_limits(fake):
     _, token = _capture.lease(0, 9)
     report = handoff.capture_clients()
+    assert report["enabled"] is True
     assert report["limit"] == 8 and report["made"] == {0: 1} and report["leased"] == {0: 1}
     assert report["memory"] == [{"ordinal": 0, "bytes_in_use": 100, "pool_bytes": 1000}]
     with pytest.raises(ValueError, match="limit must be a positive int, got 0"):

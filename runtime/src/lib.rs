@@ -40,12 +40,12 @@ pub mod graph;
 mod handoff;
 mod managed;
 pub mod mock;
-mod ordered;
 pub mod reaper;
 pub mod registry;
 pub mod stats;
 pub mod storage;
 mod stream;
+mod stream_ordered;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod transfer;
@@ -55,9 +55,9 @@ pub use device::Device;
 pub use dims::Dims;
 pub use error::{Error, Result, ValidationError};
 pub use handoff::{Export, Handoff, Import, Release, TensorDesc};
-pub use ordered::{Ready, StreamOrdered, order};
 pub use stats::{Stats, stats};
 pub use stream::{Backend, Event, EventPool, RawEvent, RawStream, Stream};
+pub use stream_ordered::{Ready, StreamOrdered, order};
 pub use transfer::{Exportable, ImportInto, Importable, transfer, transfer_into};
 pub use validate::{Access, MAX_NDIM, check_passed_on};
 

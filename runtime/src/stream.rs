@@ -653,7 +653,7 @@ impl Backend for HostBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ordered::{Ready, order};
+    use crate::stream_ordered::{Ready, order};
     use crate::testing::NoopBackend;
 
     #[test]

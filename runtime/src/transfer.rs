@@ -18,8 +18,8 @@
 use crate::device::Device;
 use crate::error::Result;
 use crate::handoff::{Export, Handoff, Import};
-use crate::ordered::StreamOrdered;
 use crate::stream::Stream;
+use crate::stream_ordered::StreamOrdered;
 
 /// A value that can be handed off: an [`Export`] type as it is, or a framework type
 /// through its adapter (`&tch::Tensor` becomes a `handoff_torch::TorchTensor`).

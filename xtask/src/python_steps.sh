@@ -59,11 +59,16 @@ py_step python_jax_function jax_function_checks.py 240
 py_step python_graph_crossings gpu_graph_checks.py 90 --probe crossings
 py_step python_graph_ordered gpu_graph_checks.py 90 --probe ordered
 py_step python_graph_torch_function gpu_graph_checks.py 90 --probe torch_function
-# make_graphed_callables three ways; JAX arrays a replay overwrites (docs/RELIABILITY.md).
+# make_graphed_callables three ways; JAX arrays a replay overwrites (docs/RELIABILITY.md),
+# with capture clients (the checks switch them on) and without (--control, the default).
+# JAX's default flags throughout.
 py_step python_graph_callables gpu_graph_checks.py 90 --probe graphed_callables
+py_step python_graph_callables_global gpu_graph_checks.py 90 --probe graphed_callables --mode global
+py_step python_graph_callables_control gpu_graph_checks.py 90 --probe graphed_callables --mode global --control
 py_step python_graph_callables_sequential gpu_graph_checks.py 90 --probe graphed_callables --phases sequential
 py_step python_graph_callables_pure gpu_graph_checks.py 90 --probe graphed_callables --pure
-py_step python_graph_scratch gpu_graph_checks.py 90 --probe scratch
+py_step python_graph_scratch gpu_graph_checks.py 90 --probe scratch --mode global
+py_step python_graph_scratch_control gpu_graph_checks.py 90 --probe scratch --mode global --control
 # Captured JAX work on a PJRT client of its own against JAX's: arrays a replay overwrites,
 # make_graphed_callables beside an eager copy, the client's cost; XLA's command buffers
 # on (the capture fails) and off per executable, with no XLA_FLAGS.

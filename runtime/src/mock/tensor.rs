@@ -5,8 +5,8 @@ use crate::device::Device;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handoff::{Export, Handoff, Import, TensorDesc};
-use crate::ordered::StreamOrdered;
 use crate::stream::Stream;
+use crate::stream_ordered::StreamOrdered;
 use std::sync::Arc;
 
 /// Releases a buffer when the last owner goes, in order on the stream it was
