@@ -3,9 +3,10 @@
 
 use crate::dtype::{self, DataType};
 use crate::error::{Result, StorageError};
-use crate::handoff::{Handoff, TensorDesc};
+use crate::handoff::Handoff;
 use crate::storage::Storage;
 use crate::stream::Stream;
+use crate::tensor_desc::TensorDesc;
 use crate::validate::{byte_extent, is_compact};
 use std::borrow::Cow;
 

@@ -46,6 +46,7 @@ pub mod stats;
 pub mod storage;
 mod stream;
 mod stream_ordered;
+mod tensor_desc;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod transfer;
@@ -54,10 +55,11 @@ mod validate;
 pub use device::Device;
 pub use dims::Dims;
 pub use error::{Error, Result, ValidationError};
-pub use handoff::{Export, Handoff, Import, Release, TensorDesc};
+pub use handoff::{Export, Handoff, Import, Release};
 pub use stats::{Stats, stats};
 pub use stream::{Backend, Event, EventPool, RawEvent, RawStream, Stream};
 pub use stream_ordered::{Ready, StreamOrdered, order};
+pub use tensor_desc::TensorDesc;
 pub use transfer::{Exportable, ImportInto, Importable, transfer, transfer_into};
 pub use validate::{Access, MAX_NDIM, check_passed_on};
 

@@ -4,9 +4,10 @@ use super::{BufferId, Mock, World};
 use crate::device::Device;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::handoff::{Export, Handoff, Import, TensorDesc};
+use crate::handoff::{Export, Handoff, Import};
 use crate::stream::Stream;
 use crate::stream_ordered::StreamOrdered;
+use crate::tensor_desc::TensorDesc;
 use std::sync::Arc;
 
 /// Releases a buffer when the last owner goes, in order on the stream it was
