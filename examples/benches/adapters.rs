@@ -72,9 +72,10 @@ fn xla(c: &mut Criterion) {
     let (shape, device) = (x.size(), p.xla_kernel().device().clone());
     c.bench_function("xla cpu view floor: describe, bare view, destroy", |b| {
         b.iter(|| {
-            let data = handoff_torch::floor::describe(&x).unwrap();
+            let data = handoff_torch::bare_calls::describe(&x).unwrap();
             // SAFETY: `x`'s compact f32 host array, alive for the whole iteration.
-            let view = unsafe { handoff_xla::floor::view(&client, &device, data, DataType::F32, &shape, 0) };
+            let view =
+                unsafe { handoff_xla::bare_calls::view(&client, &device, data, DataType::F32, &shape, 0) };
             drop(black_box(view.unwrap()));
         })
     });
@@ -122,18 +123,25 @@ fn kernel_call(c: &mut Criterion, client: &handoff_xla::Client) {
     let (shape, strides) = ([4i64, 8], [8i64, 1]);
     c.bench_function("kernel call floor: describe, view, execute, data pointer, from_blob", |b| {
         b.iter(|| {
-            let data = handoff_torch::floor::describe(&x).unwrap();
+            let data = handoff_torch::bare_calls::describe(&x).unwrap();
             // SAFETY: `x`'s compact 4x8 f32 host array, alive for the whole iteration;
             // stream 0: host memory has no device work to order.
             let view =
-                unsafe { handoff_xla::floor::view(client, device, data, DataType::F32, &shape, 0) }.unwrap();
-            let outs = handoff_xla::floor::execute(kernel.executable(), &[&view]).unwrap();
+                unsafe { handoff_xla::bare_calls::view(client, device, data, DataType::F32, &shape, 0) }
+                    .unwrap();
+            let outs = handoff_xla::bare_calls::execute(kernel.executable(), &[&view]).unwrap();
             drop(view);
-            let y = handoff_xla::floor::data_pointer(&outs[0]).unwrap();
+            let y = handoff_xla::bare_calls::data_pointer(&outs[0]).unwrap();
             // SAFETY: the output's compact 4x8 f32 host array, alive until `outs` drops
             // after the tensor.
             let t = unsafe {
-                handoff_torch::floor::from_blob(y, &shape, &strides, DataType::F32, handoff::Device::Host)
+                handoff_torch::bare_calls::from_blob(
+                    y,
+                    &shape,
+                    &strides,
+                    DataType::F32,
+                    handoff::Device::Host,
+                )
             };
             drop(black_box(t.unwrap()));
             drop(outs);

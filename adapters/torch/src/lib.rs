@@ -38,13 +38,13 @@
 //! process starts. Set `HANDOFF_TORCH_NO_CUDA=1` to skip it.
 #![warn(missing_docs)]
 
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bare_calls;
 pub mod cuda;
 mod dtype;
 mod error;
 mod ffi;
-#[cfg(feature = "bench-internals")]
-#[doc(hidden)]
-pub mod floor;
 #[cfg(feature = "cuda")]
 pub mod graph;
 

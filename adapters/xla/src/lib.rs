@@ -35,6 +35,9 @@
 #![warn(missing_docs)]
 
 mod artifact;
+#[cfg(feature = "bench-internals")]
+#[doc(hidden)]
+pub mod bare_calls;
 mod buffer;
 #[cfg(feature = "cuda")]
 mod capture;
@@ -44,9 +47,6 @@ mod error;
 pub mod exchange;
 mod executable;
 mod few;
-#[cfg(feature = "bench-internals")]
-#[doc(hidden)]
-pub mod floor;
 pub mod hlo;
 pub mod isolation;
 mod kernel;

@@ -20,9 +20,9 @@
 use cudarc::driver::sys;
 use handoff::{Device, Export};
 use handoff_examples::model::{self, Pipeline, PipelineError};
-use handoff_torch::floor as torch_floor;
+use handoff_torch::bare_calls as torch_bare;
 use handoff_xla::CallOptions;
-use handoff_xla::floor as xla_floor;
+use handoff_xla::bare_calls as xla_bare;
 use std::time::{Duration, Instant};
 use tch::Tensor;
 
@@ -159,15 +159,15 @@ impl<'a> Bare<'a> {
     }
 
     /// The view of `ptr` (`h`'s memory) on XLA's ready stream.
-    fn view(&self, ptr: *mut std::ffi::c_void) -> Result<xla_floor::RawBuffer, PipelineError> {
+    fn view(&self, ptr: *mut std::ffi::c_void) -> Result<xla_bare::RawBuffer, PipelineError> {
         let (kernel, l) = (self.p.xla_kernel(), &self.layout);
         // SAFETY: `h` is live and of this layout while the caller's view is.
-        Ok(unsafe { xla_floor::view(self.p.client(), kernel.device(), ptr, l.dtype, &l.shape, l.ready_raw) }?)
+        Ok(unsafe { xla_bare::view(self.p.client(), kernel.device(), ptr, l.dtype, &l.shape, l.ready_raw) }?)
     }
 
     /// XLA's side of XLA -> torch, to PyTorch's stream: the buffer's data pointer.
-    fn xla_export(&self, b: &xla_floor::RawBuffer) -> Result<*mut std::ffi::c_void, PipelineError> {
-        Ok(xla_floor::export(self.p.client(), b, self.torch_raw)?)
+    fn xla_export(&self, b: &xla_bare::RawBuffer) -> Result<*mut std::ffi::c_void, PipelineError> {
+        Ok(xla_bare::export(self.p.client(), b, self.torch_raw)?)
     }
 
     /// PyTorch's side of XLA -> torch: PyTorch's stream and `from_blob` of `ptr`, of
@@ -176,7 +176,7 @@ impl<'a> Bare<'a> {
         let _ts = handoff_torch::cuda::current_raw_stream(0)?;
         let l = &self.layout;
         // SAFETY: a buffer's memory, of `h`'s layout, referenced until its release.
-        unsafe { torch_floor::from_blob(ptr, &l.shape, &l.strides, l.dtype, Device::Cuda(0)) }.map_err(shim)
+        unsafe { torch_bare::from_blob(ptr, &l.shape, &l.strides, l.dtype, Device::Cuda(0)) }.map_err(shim)
     }
 
     /// The floor's kernel call on `h`: its time, up to the output tensor (then
@@ -184,12 +184,12 @@ impl<'a> Bare<'a> {
     pub fn call(&self) -> Result<Duration, PipelineError> {
         let t0 = Instant::now();
         let v = self.view(self.torch_export()?)?;
-        let outs = xla_floor::execute(self.p.xla_kernel().executable(), &[&v])?;
+        let outs = xla_bare::execute(self.p.xla_kernel().executable(), &[&v])?;
         drop(v);
         let t = self.torch_view(self.xla_export(&outs[0])?)?;
         let d = t0.elapsed();
         drop(t);
-        xla_floor::release(&outs[0])?;
+        xla_bare::release(&outs[0])?;
         drop(outs);
         Ok(d)
     }
@@ -287,9 +287,9 @@ pub fn measure<'p>(
     let y = exe.execute(&[&hx])?.remove(0);
     let ev_release = event()?;
     // A view kept for the bare execution.
-    let h_ptr = torch_floor::describe(h).map_err(shim)?;
+    let h_ptr = torch_bare::describe(h).map_err(shim)?;
     let view_kept = bare.view(h_ptr)?;
-    let y_bare = xla_floor::execute(exe, &[&view_kept])?.remove(0);
+    let y_bare = xla_bare::execute(exe, &[&view_kept])?.remove(0);
     let mut steps = ExportSteps::new(p, h, samples)?;
     p.synchronize();
 
@@ -325,17 +325,17 @@ pub fn measure<'p>(
     // The bare steps of each half (PyTorch's side, then XLA's; XLA's, then PyTorch's).
     let bare_torch_export = || bare.torch_export();
     let bare_view = |ptr| bare.view(ptr);
-    let bare_xla_export = |b: &xla_floor::RawBuffer| bare.xla_export(b);
+    let bare_xla_export = |b: &xla_bare::RawBuffer| bare.xla_export(b);
     let bare_from_blob = |ptr| bare.torch_view(ptr);
-    let bare_release = |view: xla_floor::RawBuffer,
+    let bare_release = |view: xla_bare::RawBuffer,
                         t: Tensor,
-                        b: &xla_floor::RawBuffer|
+                        b: &xla_bare::RawBuffer|
      -> Result<(), PipelineError> {
         drop(view);
         drop(t);
         // SAFETY: a live event and PyTorch's stream.
         unsafe { sys::cuEventRecord(ev_release, torch_stream_raw(&torch_stream) as usize as sys::CUstream) };
-        Ok(xla_floor::release(b)?)
+        Ok(xla_bare::release(b)?)
     };
     // Each path's handoff half and floor half in turns, first one then the other on
     // alternate samples: each sees the same predecessors (the execution before it is
@@ -425,7 +425,7 @@ pub fn measure<'p>(
         let t1 = Instant::now();
         let v = bare_view(ptr)?;
         let t2 = Instant::now();
-        let outs = xla_floor::execute(exe, &[&v])?;
+        let outs = xla_bare::execute(exe, &[&v])?;
         let t3 = Instant::now();
         drop(v);
         let t4 = Instant::now();
@@ -434,7 +434,7 @@ pub fn measure<'p>(
         let t = bare_from_blob(ptr)?;
         let t6 = Instant::now();
         drop(t);
-        xla_floor::release(&outs[0])?;
+        xla_bare::release(&outs[0])?;
         drop(outs);
         Ok([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5])
     };
@@ -445,7 +445,7 @@ pub fn measure<'p>(
     let mut call_sums: [Vec<Duration>; 2] = std::array::from_fn(|_| Vec::with_capacity(samples));
     let handoff_exec = || -> Result<Duration, PipelineError> { Ok(timed_once(|| exe.execute(&[&hx]))?) };
     let floor_exec =
-        || -> Result<Duration, PipelineError> { Ok(timed_once(|| xla_floor::execute(exe, &[&view_kept]))?) };
+        || -> Result<Duration, PipelineError> { Ok(timed_once(|| xla_bare::execute(exe, &[&view_kept]))?) };
     for i in 0..samples {
         let handoff_first = i % 2 == 0;
         // The export step by step before both halves on one sample, after them on the
@@ -638,8 +638,8 @@ impl<'a> ExportSteps<'a> {
             unsafe { sys::cuCtxGetCurrent(&mut current) };
             std::hint::black_box(current);
         });
-        timed(record, || torch_floor::record_stream(&c, 0, self.layout.ready_raw)).map_err(shim)?;
-        let ptr = torch_floor::describe(&c).map_err(shim)?;
+        timed(record, || torch_bare::record_stream(&c, 0, self.layout.ready_raw)).map_err(shim)?;
+        let ptr = torch_bare::describe(&c).map_err(shim)?;
         let (dtype, shape, strides) = (self.layout.dtype, &self.layout.shape, &self.layout.strides);
         let handoff = timed(wrap, || {
             Handoff::with_keep_alive(
@@ -673,8 +673,8 @@ fn bare_export(
     ready_raw: u64,
 ) -> Result<*mut std::ffi::c_void, PipelineError> {
     let ts = handoff_torch::cuda::current_raw_stream(0)?;
-    let ptr = torch_floor::describe(h).map_err(shim)?;
-    torch_floor::record_stream(h, 0, ready_raw).map_err(shim)?;
+    let ptr = torch_bare::describe(h).map_err(shim)?;
+    torch_bare::record_stream(h, 0, ready_raw).map_err(shim)?;
     // On one stream there is nothing to order.
     if ts != ready_raw {
         // SAFETY: a live event and two streams of the primary context.
@@ -850,7 +850,7 @@ pub enum OutputRelease {
 
 /// An execution's outputs, whose first one was exported: its external reference
 /// given back, then every buffer destroyed, when dropped.
-struct Output(Vec<xla_floor::RawBuffer>);
+struct Output(Vec<xla_bare::RawBuffer>);
 
 // SAFETY: PJRT buffers may be released and destroyed on any thread (handoff's reaper
 // releases its own there).
@@ -858,7 +858,7 @@ unsafe impl Send for Output {}
 
 impl Drop for Output {
     fn drop(&mut self) {
-        if let Err(e) = xla_floor::release(&self.0[0]) {
+        if let Err(e) = xla_bare::release(&self.0[0]) {
             eprintln!("floor: giving back an external reference failed: {e}");
         }
     }
@@ -899,13 +899,13 @@ pub fn pipeline_ms(
         let ptr = bare_export(&h, ev_order, ready_raw)?;
         // SAFETY: `h` is a live CUDA tensor of this layout (the matmul keeps `x`'s),
         // kept until the view is dropped below; `recordStream` covers XLA's use.
-        let view = unsafe { xla_floor::view(client, device, ptr, dtype, &shape, ready_raw) }?;
-        let outs = xla_floor::execute(exe, &[&view])?;
+        let view = unsafe { xla_bare::view(client, device, ptr, dtype, &shape, ready_raw) }?;
+        let outs = xla_bare::execute(exe, &[&view])?;
         drop(view);
         let torch_raw = handoff_torch::cuda::current_raw_stream(0)?;
-        let y_ptr = xla_floor::export(client, &outs[0], torch_raw)?;
+        let y_ptr = xla_bare::export(client, &outs[0], torch_raw)?;
         // SAFETY: the output buffer's memory, of `h`'s layout, referenced until released below.
-        let y = unsafe { torch_floor::from_blob(y_ptr, &shape, &strides, dtype, Device::Cuda(0)) }
+        let y = unsafe { torch_bare::from_blob(y_ptr, &shape, &strides, dtype, Device::Cuda(0)) }
             .map_err(shim)?;
         let out = x.f_add(&y)?;
         drop(y);
@@ -918,7 +918,7 @@ pub fn pipeline_ms(
             OutputRelease::Inline | OutputRelease::InlineInputDroppedElsewhere => {
                 // SAFETY: a live event and PyTorch's stream.
                 unsafe { sys::cuEventRecord(ev_release, torch_raw as usize as sys::CUstream) };
-                xla_floor::release(&outs[0])?;
+                xla_bare::release(&outs[0])?;
                 drop(outs);
             }
             OutputRelease::Reaper => handoff::reaper::release_after(Some(&torch_stream), Output(outs)),
