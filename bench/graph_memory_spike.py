@@ -214,24 +214,7 @@ def graphed(args, place: Placement) -> int:
         def forward(self, x):
             return self.layer(torch.tanh(self.lin(x)), self.w)
 
-    def forward(module, x):
-        x = x.clone().requires_grad_()
-        return x, module(x)
-
-    def backward(module, x, out):
-        out.square().mean().backward()
-        found = [out.detach().clone(), x.grad.clone(), [p.grad.clone() for p in module.parameters()]]
-        module.zero_grad(set_to_none=True)
-        return found
-
-    def count(found, expected):
-        close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-5)  # noqa: E731
-        right = {"outputs": 0, "input_grads": 0, "param_grads": 0}
-        for f, e in zip(found, expected):
-            right["outputs"] += close(f[0], e[0])
-            right["input_grads"] += close(f[1], e[1])
-            right["param_grads"] += all(close(a, b) for a, b in zip(f[2], e[2]))
-        return right
+    forward, backward = harness.graphed_forward, harness.graphed_backward
 
     stage = "setup"
     try:
@@ -252,7 +235,7 @@ def graphed(args, place: Placement) -> int:
             found["graphed"].append(backward(graphed_fn, *g))
             found["eager"].append(backward(eager, *e))
         torch.cuda.synchronize()
-        right = {side: count(calls, reference) for side, calls in found.items()}
+        right = {side: harness.count_right(torch, calls, reference) for side, calls in found.items()}
         emit(probe="graphed", client=place.kind, calls=len(xs), right=right)
         return 0 if all(n == len(xs) for side in right.values() for n in side.values()) else 1
     except Exception as e:

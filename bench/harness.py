@@ -173,6 +173,36 @@ def on_side_stream(torch, fn):
     return result
 
 
+def graphed_forward(module, x):
+    """One call of a module in the ``make_graphed_callables`` checks: ``x`` copied into a
+    leaf that needs a gradient, and the module's output on it."""
+    x = x.clone().requires_grad_()
+    return x, module(x)
+
+
+def graphed_backward(module, x, out):
+    """The backward of :func:`graphed_forward`'s call (loss ``mean(out²)``): the output,
+    the input gradient and the parameter gradients, as copies; the gradients are then
+    set to ``None``."""
+    out.square().mean().backward()
+    found = [out.detach().clone(), x.grad.clone(), [p.grad.clone() for p in module.parameters()]]
+    module.zero_grad(set_to_none=True)
+    return found
+
+
+def count_right(torch, found, expected):
+    """How many of the calls :func:`graphed_backward` gave (``found``) match
+    ``expected``'s, in outputs, input gradients and parameter gradients (rtol 1e-4,
+    atol 1e-5)."""
+    close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-5)  # noqa: E731
+    right = {"outputs": 0, "input_grads": 0, "param_grads": 0}
+    for f, e in zip(found, expected):
+        right["outputs"] += close(f[0], e[0])
+        right["input_grads"] += close(f[1], e[1])
+        right["param_grads"] += all(close(a, b) for a, b in zip(f[2], e[2]))
+    return right
+
+
 def median_ms(step, n, reps=1, warmup=0, sync=None):
     """Median ms per call of ``step()``: ``warmup`` calls, ``sync()``, then ``reps``
     blocks of ``n`` calls, each timed (``time.perf_counter``) up to its ``sync()``.
