@@ -297,13 +297,28 @@ fn cross_to_torch<'py>(
 }
 
 /// Orders PyTorch's stream before JAX's once per call of several crossings: one wait
-/// covers every tensor written on the producer's stream so far.
+/// covers every tensor written on the producer's stream so far. Whether that stream
+/// captures a graph is asked once per call too.
 #[derive(Default)]
 struct OrderOnce {
     done: Option<(Stream, Stream)>,
+    capture: Option<(Stream, Option<u64>)>,
 }
 
 impl OrderOnce {
+    /// The id of the CUDA graph capture `producer` is part of, if any
+    /// (`handoff_runtime::cuda::capture_id`), asked once per call and stream.
+    fn capture_id(&mut self, producer: &Stream) -> PyResult<Option<u64>> {
+        if let Some((stream, id)) = &self.capture
+            && stream == producer
+        {
+            return Ok(*id);
+        }
+        let id = handoff_runtime::cuda::capture_id(producer).map_err(errors::to_py)?;
+        self.capture = Some((producer.clone(), id));
+        Ok(id)
+    }
+
     fn order(&mut self, producer: &Stream, consumer: &Stream) -> PyResult<()> {
         if self.done.as_ref().is_some_and(|(p, c)| p == producer && c == consumer) {
             return Ok(());
@@ -355,7 +370,7 @@ impl ToJax {
         // Inside a CUDA graph capture, onto the capture's own client (see
         // `handoff._capture`): the memory its replays write is that client's alone.
         let capture = match &producer {
-            Some(p) => handoff_runtime::cuda::capture_id(p).map_err(errors::to_py)?,
+            Some(p) => order.capture_id(p)?,
             None => None,
         };
         let leased = match capture {
