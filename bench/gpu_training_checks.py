@@ -8,8 +8,14 @@ JSON lines, exit 1 on a failed check, ``SKIPPED`` without CUDA):
 - parameters viewed out of one flat buffer at offsets that are not 16-byte aligned
   train to the same values as aligned ones (torch_function copies them, counted);
 - which byte offsets of a CUDA view XLA itself takes (`handoff.to_jax` passes a view on
-  as it is): a probe, reported.
+  as it is): a probe, reported;
+- the JAX views a layer keeps of its parameters (``handoff._views``) are ordered: a
+  parameter updated in place behind ~50 ms of queued PyTorch work is read updated, with
+  the parameter alone (the call hands it to JAX again for the order) and beside an
+  activation made before the update; the control (``_views.ORDER`` off) reads it stale.
 """
+
+import time
 
 import harness  # beside this script, in bench/ and in the GPU bundle
 from harness import check, emit
@@ -100,12 +106,13 @@ def main():
             opt.step()
         return [p.detach().clone() for p in params]
 
+    # Parameters (nn.Parameter): a kept JAX view of a copy would miss the updates.
     w0, b0 = torch.randn(4, 3, device=dev), torch.randn(3, device=dev)
-    aligned = train([w0.clone().requires_grad_(), b0.clone().requires_grad_()])
+    aligned = train([torch.nn.Parameter(w0.clone()), torch.nn.Parameter(b0.clone())])
     flat = torch.zeros(1 + 12 + 3, device=dev)
     flat[1:13], flat[13:] = w0.flatten(), b0
-    w_view, b_view = flat[1:13].view(4, 3), flat[13:]  # 4 and 52 bytes into the buffer
-    w_view.requires_grad_(), b_view.requires_grad_()
+    # 4 and 52 bytes into the buffer
+    w_view, b_view = torch.nn.Parameter(flat[1:13].view(4, 3)), torch.nn.Parameter(flat[13:])
     before = handoff.stats()
     try:
         viewed, error = train([w_view, b_view]), None
@@ -117,6 +124,8 @@ def main():
          same_parameters=same, error=error, copies=after["copies"] - before["copies"],
          host_syncs=after["host_syncs"] - before["host_syncs"])
     check(same and after["host_syncs"] == before["host_syncs"], "misaligned views train as aligned tensors")
+
+    kept_views_ordered(torch, handoff, dev)
 
     # Probe: which byte offsets of a view XLA takes at execution, f32 and bf16.
     for dtype, size in ((torch.float32, 4), (torch.bfloat16, 2)):
@@ -132,6 +141,51 @@ def main():
             except Exception as e:  # noqa: BLE001
                 taken[offset] = f"{type(e).__name__}: {str(e)[:120]}"
         emit(figure="alignment_probe", dtype=str(dtype), element_bytes=size, taken=taken)
+
+
+def kept_views_ordered(torch, handoff, dev):
+    """A parameter updated in place behind ~50 ms of queued work, then read by a layer
+    through its kept JAX view: right with the order, stale in the control."""
+    from handoff import _views
+
+    side = torch.cuda.Stream()
+    cycles = int(harness.cuda_sleep_cycles_per_ms(torch, side) * 50)
+    n, trials = 1 << 20, 5
+    alone = handoff.torch_function(lambda p: p * 2.0)
+    beside = handoff.torch_function(lambda x, p: x + p * 2.0)
+    p = torch.nn.Parameter(torch.zeros(n, device=dev), requires_grad=False)
+
+    def trial(k, layer):
+        with torch.cuda.stream(side):
+            x = torch.zeros(n, device=dev)  # made before the update
+            layer(x, p) if layer is beside else layer(p)  # the view is made, then kept
+            torch.cuda._sleep(cycles)
+            with torch.no_grad():
+                p.fill_(float(k))  # an optimizer's in-place update, queued behind 50 ms
+            t0 = time.perf_counter()
+            y = layer(x, p) if layer is beside else layer(p)
+            call_ms = (time.perf_counter() - t0) * 1e3
+            busy = not side.query()
+        side.synchronize()
+        return int((y != 2.0 * k).sum().item()), call_ms, busy
+
+    results = {}
+    for name, layer, order in (("alone", alone, True), ("beside", beside, True), ("control", alone, False)):
+        _views.ORDER = order
+        try:
+            runs = [trial(k + 1, layer) for k in range(trials)]
+        finally:
+            _views.ORDER = True
+        results[name] = dict(wrong=sum(1 for w, _, _ in runs if w), call_ms_max=round(max(c for _, c, _ in runs), 2),
+                             busy_after=all(b for _, _, b in runs))
+    kept = any(tr.views._kept[1] is not None for prog in beside._programs.values() for tr in prog._traced.values())
+    emit(figure="kept_views_ordered", trials=trials, queued_ms=50, kept=kept, **results)
+    check(kept, "the layer keeps the parameter's JAX view")
+    check(results["alone"]["wrong"] == 0 and results["beside"]["wrong"] == 0,
+          "kept parameter views read the update queued before the call")
+    check(results["alone"]["call_ms_max"] < 10 and results["alone"]["busy_after"],
+          "the call makes no host wait (well under the 50 ms queued; the GPU still busy after)")
+    check(results["control"]["wrong"] > 0, "the control (no order) never read a stale view: the check proves nothing")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 against JAX's own dispatch of the same programs and the same layer in PyTorch.
 
 The MLP's JAX layer (``profile_step.layer_jax``: layer norm + gelu + matmul, inputs
-``h`` BATCHxDIM, ``gamma``, ``beta``, ``w2`` DIMxDIM, all requiring a gradient), µs per
+``h`` BATCHxDIM, and the parameters ``gamma``, ``beta``, ``w2`` DIMxDIM, ``nn.Parameter``s
+as a module holds them, all requiring a gradient), µs per
 forward + backward, each the median of ``--reps`` blocks of ``--iters`` iterations timed
 to a device synchronize, the variants timed in turns (a block of each per rep):
 
@@ -21,6 +22,9 @@ to a device synchronize, the variants timed in turns (a block of each per rep):
                         tensor a call: ``handoff.to_jax`` of the 4 inputs and of the
                         cotangent, ``handoff.to_torch`` of the output and of the 4
                         gradients (the VJP residuals stay JAX arrays),
+  h  by_hand            (e) inside the smallest ``torch.autograd.Function`` (the forward's
+                        VJP kept on its context): what PyTorch's autograd adds to (e),
+                        its backward on PyTorch's autograd thread on CUDA,
   f  torch              the same layer in PyTorch, forward + ``y.backward(ct)``.
 
 Every variant that gives gradients sets them to ``None`` before each iteration (as
@@ -30,7 +34,7 @@ Every variant that gives gradients sets them to ``None`` before each iteration (
 Figures (JSON lines): ``env``; one ``layer_cost`` line per variant (``us``, for handoff's
 also ``host_syncs`` over the timed iterations and ``jax_executions_per_iter``); a
 ``summary`` line: ``a_over_e`` (target ``A_OVER_E_TARGET``, 1.2, and ``met``),
-``a_over_d``, ``b_over_a``, ``a_over_f``, ``identity_us`` (on CUDA with target 150 µs,
+``a_over_d``, ``a_over_h``, ``b_over_a``, ``a_over_f``, ``identity_us`` (on CUDA with target 150 µs,
 ``IDENTITY_TARGET_US``, and ``identity_met``); with ``--memory`` (CUDA only: a
 ``skipped`` line on the CPU) one ``memory`` line each for (a) and (b) at
 ``--memory-size``: the bytes the forward leaves held until the backward (PyTorch's
@@ -70,6 +74,7 @@ VARIANTS = (
     ("c", "handoff_identity"),
     ("d", "jax"),
     ("e", "jax_crossings"),
+    ("h", "by_hand"),
     ("f", "torch"),
 )
 
@@ -126,6 +131,7 @@ def main():
         target=A_OVER_E_TARGET,
         met=us["handoff"] / us["jax_crossings"] <= A_OVER_E_TARGET,
         a_over_d=round(us["handoff"] / us["jax"], 3),
+        a_over_h=round(us["handoff"] / us["by_hand"], 3),
         b_over_a=round(us["handoff_recompute"] / us["handoff"], 3) if "handoff_recompute" in us else None,
         a_over_f=round(us["handoff"] / us["torch"], 3),
         identity_us=round(us["handoff_identity"], 2),
@@ -156,7 +162,7 @@ def make_steps(torch, jax, handoff, layer_jax, batch, dim, tdt, dev):
     beta = (0.1 * torch.randn(dim, device=dev, generator=g)).to(tdt)
     w2 = (torch.randn(dim, dim, device=dev, generator=g) / dim**0.5).to(tdt)
     ct = torch.randn(batch, dim, device=dev, generator=g).to(tdt)
-    inputs = [t.requires_grad_() for t in (h, gamma, beta, w2)]
+    inputs = [h.requires_grad_(), *(torch.nn.Parameter(t) for t in (gamma, beta, w2))]
 
     from profile_step import layer_torch  # beside this script
 
@@ -207,6 +213,20 @@ def make_steps(torch, jax, handoff, layer_jax, batch, dim, tdt, dev):
 
     steps["jax_crossings"] = Step(run_crossings, lambda: tlast["out"])
     steps["jax_crossings"].extra["crossings"] = {"to_jax": 5, "to_torch": 5}
+
+    class ByHand(torch.autograd.Function):
+        @staticmethod
+        def forward(fctx, *ts):
+            y, fctx.vjp = fwd(*[handoff.to_jax(t.detach()) for t in ts])
+            return handoff.to_torch(y)
+
+        @staticmethod
+        def backward(fctx, g):
+            grads = bwd(fctx.vjp, handoff.to_jax(g))
+            jlast["by_hand"] = grads
+            return tuple(handoff.to_torch(a) for a in grads)
+
+    steps["by_hand"] = autograd_step(ByHand.apply, inputs)
     return steps, types.SimpleNamespace(h=h, ct=ct, jax_last=jlast)
 
 
@@ -218,7 +238,7 @@ def agreement(torch, steps, ctx, dtype):
         return [t.detach().clone() for t in steps[name].result()]
 
     want = [t.float().cpu() for t in once("jax")]
-    for name in ("handoff", "handoff_save", "handoff_recompute", "handoff_dots", "jax_crossings"):
+    for name in ("handoff", "handoff_save", "handoff_recompute", "handoff_dots", "jax_crossings", "by_hand"):
         if name not in steps:
             continue
         got = [t.float().cpu() for t in once(name)]

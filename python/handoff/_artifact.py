@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Sequence
 
 from . import _jax_config
 from ._handoff import _to_jax_many, _to_torch_many
-from ._program import _distinct, _torch_dtype, is_float, symbolic_avals, torch_shape
+from ._program import _distinct
+from ._shapes import _torch_dtype, is_float, symbolic_avals, torch_shape
 
 #: What every artifact key starts with (the format's version included).
 PREFIX = "handoff.jax_export.v1:"

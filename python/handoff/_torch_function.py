@@ -239,79 +239,77 @@ class TorchFunction:
         # torch.compile traces this method: PyTorch and Python only (no JAX), the
         # operator key from a function Dynamo keeps as a constant.
         import torch
-        name = f"handoff.torch_function({self.__name__})"
-        static: List[Tuple[int, Any]] = []
-        dynamic: List[Any] = []
-        positions: List[int] = []
-        for i, a in enumerate(args):
-            if i in self.static_argnums:
-                static.append((i, a))
-            else:
-                dynamic.append(a)
-                positions.append(i)
-        for n in self.static_argnums:
-            if n >= len(args):
-                raise TypeError(
-                    f"{name}: static_argnums has {n}, but only {len(args)} positional arguments were given"
-                )
+        if self.static_argnums:
+            static, dynamic, positions = self._split(args)
+        else:
+            static, dynamic, positions = (), args, range(len(args))
         leaves: List[Any] = []
-        desc = _tree.flatten(dynamic, leaves)
+        desc = _tree.flatten(list(dynamic), leaves)
         if not leaves:
             raise TypeError(
-                f"{name}: no tensor argument (every argument is static): at least one "
-                "torch.Tensor must be passed to choose the device"
+                f"handoff.torch_function({self.__name__}): no tensor argument (every argument "
+                "is static): at least one torch.Tensor must be passed to choose the device"
             )
+        # One pass over the tensors: checked, and what the operator key holds of each.
+        grad_on = torch.is_grad_enabled()
         device = None
+        signature = []
         for k, t in enumerate(leaves):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(
-                    f"{name}: {_where(desc, positions, k)} is a {type(t).__name__} ({t!r:.60}), not "
-                    "a torch.Tensor: pass tensors, or make the argument static "
-                    "(static_argnums, a keyword argument, or functools.partial)"
+                    f"handoff.torch_function({self.__name__}): {_where(desc, positions, k)} is a "
+                    f"{type(t).__name__} ({t!r:.60}), not a torch.Tensor: pass tensors, or make the "
+                    "argument static (static_argnums, a keyword argument, or functools.partial)"
                 )
             if device is None:
                 device = t.device
                 if device.type not in ("cpu", "cuda"):
                     raise ValueError(
-                        f"{name}: {_where(desc, positions, k)} is on {device}; only CPU and CUDA "
-                        "tensors can be handed to JAX"
+                        f"handoff.torch_function({self.__name__}): {_where(desc, positions, k)} is on "
+                        f"{device}; only CPU and CUDA tensors can be handed to JAX"
                     )
             elif t.device != device:
                 raise ValueError(
-                    f"{name}: {_where(desc, positions, k)} is on {t.device} but "
-                    f"{_where(desc, positions, 0)} is on {device}: all tensor arguments must be "
-                    "on one device"
+                    f"handoff.torch_function({self.__name__}): {_where(desc, positions, k)} is on "
+                    f"{t.device} but {_where(desc, positions, 0)} is on {device}: all tensor "
+                    "arguments must be on one device"
                 )
             if t.is_complex():
                 raise TypeError(
-                    f"{name}: {_where(desc, positions, k)} is {t.dtype}: complex tensors are not "
-                    "supported (PyTorch and JAX use different conventions for complex gradients)"
+                    f"handoff.torch_function({self.__name__}): {_where(desc, positions, k)} is "
+                    f"{t.dtype}: complex tensors are not supported (PyTorch and JAX use different "
+                    "conventions for complex gradients)"
                 )
-        grad_on = torch.is_grad_enabled()
-        # Symbolic sizes (torch.compile's dynamic shapes): the VJP's residuals could differ
-        # with the sizes, so the backward recomputes the forward (``_policy``).
-        symbolic = any(isinstance(d, torch.SymInt) for t in leaves for d in t.shape)
-        program = _program_for(
-            self._id,
-            tuple(static),
-            tuple(sorted(kwargs.items())),
-            len(args),
-            desc,
-            tuple(grad_on and t.requires_grad and t.is_floating_point() for t in leaves),
-            tuple(t.dtype for t in leaves),
-            tuple(t.dim() for t in leaves),
-            device,
-            symbolic,
-        )
+            signature.append((t.dtype, t.dim(), grad_on and t.requires_grad and t.is_floating_point()))
+        ops = _torch_ops()
+        # Symbolic sizes (torch.compile's dynamic shapes; never those of plain tensors run
+        # eagerly): the VJP's residuals could differ with the sizes, so the backward
+        # recomputes the forward (``_policy``).
+        symbolic = (torch.compiler.is_compiling() or not ops.plain(leaves)) and any(
+            isinstance(d, torch.SymInt) for t in leaves for d in t.shape)
+        program = _program_for(self._id, static, tuple(sorted(kwargs.items())) if kwargs else (),
+                               len(args), desc, tuple(signature), device, symbolic)
         key = program.key
         if _exporting():
             key = _artifact_key(program, leaves)
-        outs = _torch_ops().call(key, leaves)
+        outs = ops.call(key, leaves)
         return _tree.unflatten(iter(outs[: program.n_out]), program.out_desc)
 
-    def _program(self, static, kwargs, nargs, desc, diff, dtypes, ranks, device, symbolic) -> Program:
+    def _split(self, args: Tuple[Any, ...]) -> Tuple[Tuple[Tuple[int, Any], ...], List[Any], List[int]]:
+        """The static arguments (with their positions), the others, and their positions."""
+        for n in self.static_argnums:
+            if n >= len(args):
+                raise TypeError(
+                    f"handoff.torch_function({self.__name__}): static_argnums has {n}, but only "
+                    f"{len(args)} positional arguments were given"
+                )
+        static = tuple((i, a) for i, a in enumerate(args) if i in self.static_argnums)
+        positions = [i for i in range(len(args)) if i not in self.static_argnums]
+        return static, [args[i] for i in positions], positions
+
+    def _program(self, static, kwargs, nargs, desc, signature, device, symbolic) -> Program:
         context = _jax_config.current()
-        whole = (static, kwargs, nargs, desc, diff, dtypes, ranks, device, context, symbolic)
+        whole = (static, kwargs, nargs, desc, signature, device, context, symbolic)
         try:
             found = self._programs.get(whole)
         except TypeError as e:
@@ -325,6 +323,7 @@ class TorchFunction:
         # A tensor in a static argument is hashed by identity: each call is a new key, so
         # checking new keys is enough.
         self._refuse_arrays(static, kwargs)
+        dtypes, ranks, diff = zip(*signature)
         if any(str(d) == "torch.float64" for d in dtypes) and not _jax_config.x64():
             k = next(k for k, d in enumerate(dtypes) if str(d) == "torch.float64")
             raise TypeError(
@@ -430,12 +429,13 @@ _PROCESS = uuid.uuid4().hex[:12]
 _OWNERS: "weakref.WeakValueDictionary[str, TorchFunction]" = weakref.WeakValueDictionary()
 
 
-def _program_for(fid, static, kwargs, nargs, desc, diff, dtypes, ranks, device, symbolic) -> Program:
-    """The :class:`Program` (operator key) of a call. ``torch.compile`` calls this while
-    it traces and keeps the result as a constant of the graph (so JAX's configuration at
+def _program_for(fid, static, kwargs, nargs, desc, signature, device, symbolic) -> Program:
+    """The :class:`Program` (operator key) of a call: ``signature`` holds each tensor's
+    dtype, rank and whether it needs a gradient. ``torch.compile`` calls this while it
+    traces and keeps the result as a constant of the graph (so JAX's configuration at
     that time is the graph's); every argument is a Python constant that Dynamo guards
     on."""
-    return _OWNERS[fid]._program(static, kwargs, nargs, desc, diff, dtypes, ranks, device, symbolic)
+    return _OWNERS[fid]._program(static, kwargs, nargs, desc, signature, device, symbolic)
 
 
 _program_for._dynamo_marked_constant = True  # torch._dynamo.assume_constant_result
@@ -488,3 +488,4 @@ def _torch_ops():
     from . import _torch_ops
 
     return _torch_ops
+

@@ -149,6 +149,11 @@ class _Call(torch.autograd.Function):
         return (None, *_backward(ctx, grads))
 
 
+#: ``_Call.apply`` without ``Function.apply``'s Python wrapper, for plain tensors with no
+#: functorch transform active (where the wrapper does nothing else).
+_APPLY = super(torch.autograd.Function, _Call).apply
+
+
 def _needs_grad(args: Sequence[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(a.requires_grad for a in args)
 
@@ -172,11 +177,16 @@ def call(key: str, args: List[torch.Tensor]) -> List[torch.Tensor]:
     if torch.compiler.is_compiling() or not _unobserved(args):
         return torch.ops.handoff.call(key, args)
     if _needs_grad(args):
-        return list(_Call.apply(key, *args))
+        return list(_APPLY(key, *args))
     return program(key).forward(args)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def plain(tensors: Any) -> bool:
+    """Whether these are plain tensors (no subclass, no fake tensor)."""
+    return all(type(t) in _PLAIN for t in tensors)
 
 
 def _unobserved(tensors: Any) -> bool:
@@ -186,5 +196,5 @@ def _unobserved(tensors: Any) -> bool:
         not torch._C._len_torch_dispatch_stack()
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()
-        and all(type(t) in _PLAIN for t in tensors)
+        and plain(tensors)
     )

@@ -595,3 +595,63 @@ def test_a_copy_made_for_xla_is_counted():
     before = handoff.stats()
     fn(t)  # dense: no copy
     assert handoff.stats()["copies"] == before["copies"]
+
+
+def test_a_parameters_jax_view_is_kept_across_calls_and_sees_in_place_updates():
+    """A layer keeps the JAX view of an ``nn.Parameter`` (``handoff._views``): later calls
+    hand JAX only the other tensors, read the parameter's updates in place, and cross it
+    again when it has new memory."""
+    fn = handoff.torch_function(lambda x, w: x @ w)
+    x, w = torch.randn(3, 4), torch.nn.Parameter(torch.randn(4, 2))
+    fn(x, w)  # compile outside the counted window; the view is made
+    before = handoff.stats()
+    y = fn(x, w)
+    after = handoff.stats()
+    assert after["imports"] - before["imports"] == 1 + 1  # x to JAX, y to PyTorch
+    torch.testing.assert_close(y, x @ w.detach())
+    with torch.no_grad():
+        w.mul_(-2.0)  # an optimizer's step
+    torch.testing.assert_close(fn(x, w), x @ w.detach())
+    w.data = torch.randn(4, 2)  # new memory: crossed again
+    before = handoff.stats()
+    torch.testing.assert_close(fn(x, w), x @ w.detach())
+    assert handoff.stats()["imports"] - before["imports"] == 2 + 1
+
+
+def test_a_call_of_kept_views_only_still_hands_one_tensor_to_jax_for_the_order():
+    """The crossing makes JAX's stream wait for PyTorch's (the GPU check shows a stale
+    read without it); a plain tensor is never kept."""
+    from handoff import _views
+
+    fn = handoff.torch_function(lambda w: w * 2.0)
+    w = torch.nn.Parameter(torch.randn(5))
+    fn(w)
+    before = handoff.stats()
+    fn(w)
+    assert handoff.stats()["imports"] - before["imports"] == 1 + 1
+    _views.ORDER = False
+    try:
+        before = handoff.stats()
+        fn(w)
+        assert handoff.stats()["imports"] - before["imports"] == 0 + 1
+    finally:
+        _views.ORDER = True
+    t = torch.randn(5, requires_grad=True)
+    fn(t)
+    before = handoff.stats()
+    fn(t)
+    assert handoff.stats()["imports"] - before["imports"] == 1 + 1
+
+
+def test_a_parameter_that_crosses_as_a_copy_is_not_kept():
+    """A parameter XLA cannot read in place (here: not dense) is copied at each call, so
+    its updates are seen."""
+    fn = handoff.torch_function(lambda w: w * 2.0)
+    w = torch.nn.Parameter(torch.arange(12.0).reshape(3, 4).T)
+    fn(w)
+    with torch.no_grad():
+        w.add_(1.0)
+    torch.testing.assert_close(fn(w), w.detach() * 2.0)
+    (program,) = fn._programs.values()
+    (traced,) = program._traced.values()
+    assert traced.views._kept == [None]
