@@ -208,6 +208,7 @@ class TorchFunction:
         self.static_argnums = frozenset(nums)
         self.cache_size = cache_size
         self.__name__ = getattr(f, "__name__", type(self).__name__)
+        self._label = f"handoff.torch_function({self.__name__})"  # errors start with it
         self.__doc__ = getattr(f, "__doc__", None)
         self.__wrapped__ = f
         self._id = f"{self.__name__}#{next(_IDS)}.{_PROCESS}"
@@ -247,7 +248,7 @@ class TorchFunction:
         desc = _tree.flatten(list(dynamic), leaves)
         if not leaves:
             raise TypeError(
-                f"handoff.torch_function({self.__name__}): no tensor argument (every argument "
+                f"{self._label}: no tensor argument (every argument "
                 "is static): at least one torch.Tensor must be passed to choose the device"
             )
         # One pass over the tensors: checked, and what the operator key holds of each.
@@ -257,7 +258,7 @@ class TorchFunction:
         for k, t in enumerate(leaves):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(
-                    f"handoff.torch_function({self.__name__}): {_where(desc, positions, k)} is a "
+                    f"{self._label}: {_where(desc, positions, k)} is a "
                     f"{type(t).__name__} ({t!r:.60}), not a torch.Tensor: pass tensors, or make the "
                     "argument static (static_argnums, a keyword argument, or functools.partial)"
                 )
@@ -265,18 +266,18 @@ class TorchFunction:
                 device = t.device
                 if device.type not in ("cpu", "cuda"):
                     raise ValueError(
-                        f"handoff.torch_function({self.__name__}): {_where(desc, positions, k)} is on "
+                        f"{self._label}: {_where(desc, positions, k)} is on "
                         f"{device}; only CPU and CUDA tensors can be handed to JAX"
                     )
             elif t.device != device:
                 raise ValueError(
-                    f"handoff.torch_function({self.__name__}): {_where(desc, positions, k)} is on "
+                    f"{self._label}: {_where(desc, positions, k)} is on "
                     f"{t.device} but {_where(desc, positions, 0)} is on {device}: all tensor "
                     "arguments must be on one device"
                 )
             if t.is_complex():
                 raise TypeError(
-                    f"handoff.torch_function({self.__name__}): {_where(desc, positions, k)} is "
+                    f"{self._label}: {_where(desc, positions, k)} is "
                     f"{t.dtype}: complex tensors are not supported (PyTorch and JAX use different "
                     "conventions for complex gradients)"
                 )
@@ -300,7 +301,7 @@ class TorchFunction:
         for n in self.static_argnums:
             if n >= len(args):
                 raise TypeError(
-                    f"handoff.torch_function({self.__name__}): static_argnums has {n}, but only "
+                    f"{self._label}: static_argnums has {n}, but only "
                     f"{len(args)} positional arguments were given"
                 )
         static = tuple((i, a) for i, a in enumerate(args) if i in self.static_argnums)
