@@ -139,7 +139,10 @@ def torch_function(
     the tensors of one call in one native call): tensors are made ready on the
     consumer's stream by a GPU wait (no host sync), and memory read by queued kernels is
     given back only after they ran. What the forward handed to PyTorch the backward
-    reads as the JAX arrays it was (no crossing back). Outputs and residuals are
+    reads as the JAX arrays it was (no crossing back). The JAX view of an
+    ``nn.Parameter`` is made once and kept by the layer while the parameter keeps its
+    memory (``handoff._views``): in-place updates are seen, in PyTorch's stream order,
+    and the layer holds the parameters of its last call. Outputs and residuals are
     PyTorch tensors viewing JAX's buffers (no copy), none aliasing another or an input,
     as PyTorch's operators require: an output that is one of the inputs (``f`` returning
     an argument unchanged), or one returned twice, is cloned.
