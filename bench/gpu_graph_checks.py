@@ -35,6 +35,9 @@ so too (``compiler_options``). ``--command-buffers-flag`` turns them off for the
 process instead (``XLA_FLAGS``, set before JAX starts: the rule before capture clients,
 for a baseline). Capture clients are switched on (``handoff.capture_clients(enabled=True)``);
 ``--control``: off, crossings inside a capture stay on JAX's own client (the default).
+``--prewarm N``: N capture clients made, and each used by a jitted function, before any
+capture (a probe of whether a client's first use inside a capture is what crashed 4 of
+17 ``graphed_callables`` runs on an H100).
 """
 
 import argparse
@@ -53,6 +56,19 @@ import torch  # noqa: E402
 
 import handoff  # noqa: E402
 import harness  # noqa: E402  (beside this script, in bench/ and in the GPU bundle)
+
+
+def prewarm(n: int) -> None:
+    """``n`` capture clients of device 0 made now, each used once by a jitted function,
+    and left idle for the captures to lease (``handoff._capture``'s own lists)."""
+    from handoff import _capture
+
+    for _ in range(n):
+        client = _capture._make_client(0)
+        _capture._made.setdefault(0, []).append(client)
+        _capture._free.setdefault(0, []).append(client)
+        x = jax.device_put(jnp.ones((64, 256)), _capture._device(client, 0))
+        jax.block_until_ready(jax.jit(lambda v: jax.nn.gelu(v @ v.T))(x))
 
 
 def emit(**fields):
@@ -112,11 +128,15 @@ def main() -> int:
                     help="XLA_FLAGS=--xla_gpu_enable_command_buffer= for the process (a baseline)")
     ap.add_argument("--control", action="store_true",
                     help="crossings inside a capture stay on JAX's own client (the path before)")
+    ap.add_argument("--prewarm", type=int, default=0,
+                    help="capture clients made and used before any capture")
     args = ap.parse_args()
     handoff.capture_clients(enabled=not args.control)
     if not torch.cuda.is_available():
         emit(probe=args.probe, skipped="no CUDA device")
         return 0
+    if args.prewarm:
+        prewarm(args.prewarm)
 
     if args.probe == "train":
         return train(args)

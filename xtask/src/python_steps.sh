@@ -65,6 +65,7 @@ py_step python_graph_torch_function gpu_graph_checks.py 90 --probe torch_functio
 py_step python_graph_callables gpu_graph_checks.py 90 --probe graphed_callables
 py_step python_graph_callables_global gpu_graph_checks.py 90 --probe graphed_callables --mode global
 py_step python_graph_callables_control gpu_graph_checks.py 90 --probe graphed_callables --mode global --control
+py_step python_graph_callables_prewarm gpu_graph_checks.py 90 --probe graphed_callables --mode global --prewarm 2
 py_step python_graph_callables_sequential gpu_graph_checks.py 90 --probe graphed_callables --phases sequential
 py_step python_graph_callables_pure gpu_graph_checks.py 90 --probe graphed_callables --pure
 py_step python_graph_scratch gpu_graph_checks.py 90 --probe scratch --mode global
