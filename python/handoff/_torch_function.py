@@ -285,18 +285,15 @@ class TorchFunction:
                     "conventions for complex gradients)"
                 )
             signature.append((t.dtype, t.dim(), grad_on and t.requires_grad and t.is_floating_point()))
-        ops = _torch_ops()
-        # Symbolic sizes (torch.compile's dynamic shapes; never those of plain tensors run
-        # eagerly): the VJP's residuals could differ with the sizes, so the backward
-        # recomputes the forward (``_policy``).
-        symbolic = (torch.compiler.is_compiling() or not ops.plain(leaves)) and any(
-            isinstance(d, torch.SymInt) for t in leaves for d in t.shape)
+        # Symbolic sizes (torch.compile's dynamic shapes): the VJP's residuals could differ
+        # with the sizes, so the backward recomputes the forward (``_policy``).
+        symbolic = any(isinstance(d, torch.SymInt) for t in leaves for d in t.shape)
         program = _program_for(self._id, static, tuple(sorted(kwargs.items())) if kwargs else (),
                                len(args), desc, tuple(signature), device, symbolic)
         key = program.key
         if _exporting():
             key = _artifact_key(program, leaves)
-        outs = ops.call(key, leaves)
+        outs = _torch_ops().call(key, leaves)
         return _tree.unflatten(iter(outs[: program.n_out]), program.out_desc)
 
     def _split(self, args: Tuple[Any, ...]) -> Tuple[Tuple[Tuple[int, Any], ...], List[Any], List[int]]:

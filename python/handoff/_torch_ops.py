@@ -184,11 +184,6 @@ def call(key: str, args: List[torch.Tensor]) -> List[torch.Tensor]:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def plain(tensors: Any) -> bool:
-    """Whether these are plain tensors (no subclass, no fake tensor)."""
-    return all(type(t) in _PLAIN for t in tensors)
-
-
 def _unobserved(tensors: Any) -> bool:
     """Whether a call on these tensors would reach the kernels with nothing in between:
     no dispatch or function mode, no functorch transform, no tensor subclass."""
@@ -196,5 +191,5 @@ def _unobserved(tensors: Any) -> bool:
         not torch._C._len_torch_dispatch_stack()
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()
-        and plain(tensors)
+        and all(type(t) in _PLAIN for t in tensors)
     )
