@@ -138,7 +138,7 @@ class Program:
             # Inside a capture every tensor crosses, onto the capture's client where
             # capture clients are on (handoff._capture); else parameters' views are kept.
             xs = _to_jax_many(tensors) if captured else traced.views.arrays(tensors)
-            arrays = (traced.captured_run() if captured else traced.run)(*xs)
+            arrays = traced.fwd(captured)(*xs)
         crossed = _to_torch_many(arrays)
         # The JAX arrays of residuals and inputs, for a backward that reads them without
         # crossing back; not those of a capture, whose client the backward may not share
@@ -266,8 +266,9 @@ class Traced:
         evaluate = jaxpr_as_fun(closed)
         keep = frozenset(new)
         self._run_fn = lambda *xs: [o for k, o in enumerate(evaluate(*xs)) if k in keep]
-        self.run = jax.jit(self._run_fn)
-        self._captured_run: Any = None
+        #: The jitted forward (by whether it is compiled for a capture) and backwards (by
+        #: the pattern of absent cotangents too), each compiled on first use.
+        self._fwds: Dict[bool, Any] = {False: jax.jit(self._run_fn)}
         self._bwds: Dict[Tuple[Tuple[bool, ...], bool], Any] = {}
         self._reach: Optional[List[frozenset]] = None
 
@@ -304,13 +305,15 @@ class Traced:
         program.owner._count_execution()
         return _to_torch_many(grads)
 
-    def captured_run(self) -> Any:
-        """:attr:`run` compiled for a CUDA graph capture (:data:`CAPTURABLE`)."""
-        if self._captured_run is None:
+    def fwd(self, captured: bool = False) -> Any:
+        """The jitted forward: takes the inputs' arrays, returns the new outputs and
+        residuals. ``captured``: compiled for a CUDA graph capture (:data:`CAPTURABLE`)."""
+        found = self._fwds.get(captured)
+        if found is None:
             import jax
 
-            self._captured_run = jax.jit(self._run_fn, compiler_options=CAPTURABLE)
-        return self._captured_run
+            found = self._fwds[captured] = jax.jit(self._run_fn, compiler_options=CAPTURABLE)
+        return found
 
     def bwd(self, missing: Tuple[bool, ...], captured: bool = False) -> Any:
         """The jitted backward for this pattern of absent cotangents: takes the saved
