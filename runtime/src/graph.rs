@@ -82,3 +82,61 @@ pub fn wait_released(timeout: std::time::Duration) -> bool {
     }
     true
 }
+
+/// A graph capture that a thread announces while it runs code inside it
+/// ([`announce`]): handoff-torch's `Graph::capture` does, around the captured step. An
+/// adapter whose own memory every replay writes (handoff-xla's kernels: an XLA
+/// execution's scratch and outputs) reads it with [`current`] and gives that capture
+/// memory nothing outside the graph allocates from.
+#[derive(Clone, Debug)]
+pub struct Capture {
+    stream: crate::stream::Stream,
+    id: u64,
+}
+
+impl Capture {
+    /// The stream that captures.
+    pub fn stream(&self) -> &crate::stream::Stream {
+        &self.stream
+    }
+
+    /// The capture's id: unique in the process, never reused.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+thread_local! {
+    static CURRENT: std::cell::RefCell<Option<Capture>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with the capture `stream` makes announced on this thread ([`current`]),
+/// then announces again what was announced before (also when `f` unwinds).
+///
+/// ```
+/// use handoff_runtime::{graph, mock::Mock};
+/// let mock = Mock::new();
+/// let s = mock.stream(0, "s");
+/// assert!(graph::current().is_none());
+/// let id = graph::announce(&s, || graph::current().map(|c| c.id()));
+/// assert!(id.is_some() && graph::current().is_none());
+/// ```
+pub fn announce<R>(stream: &crate::stream::Stream, f: impl FnOnce() -> R) -> R {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    struct Restore(Option<Capture>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let before = self.0.take();
+            CURRENT.with(|c| *c.borrow_mut() = before);
+        }
+    }
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let capture = Capture { stream: stream.clone(), id };
+    let _restore = Restore(CURRENT.with(|c| c.borrow_mut().replace(capture)));
+    f()
+}
+
+/// The capture announced on this thread ([`announce`]), if any.
+pub fn current() -> Option<Capture> {
+    CURRENT.with(|c| c.borrow().clone())
+}

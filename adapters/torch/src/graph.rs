@@ -22,11 +22,14 @@
 //! launches done), on a thread of handoff's; a program that exits right after can wait
 //! for that with `handoff_runtime::graph::wait_released`.
 //!
-//! XLA's scratch memory is not the graph's: XLA gives an execution's scratch back to its
-//! allocator once the execution is enqueued, and every replay writes it again. An XLA
-//! output made outside the graph after the capture and still alive at a replay can sit
-//! in that memory: read it, or copy it, before the next replay (docs/RELIABILITY.md,
-//! CUDA graphs).
+//! XLA's scratch memory: XLA gives an execution's scratch back to its allocator once the
+//! execution is enqueued, and every replay writes it again. With
+//! `handoff_xla::capture_clients` on, the step's kernels run on a PJRT client the graph
+//! holds alone, so nothing made outside the graph can sit in that memory (the capture is
+//! announced to them: `handoff_runtime::graph::announce`). Off (the default, as in the
+//! Python package), an XLA output made outside the graph after the capture and still
+//! alive at a replay can sit in that memory: read it, or copy it, before the next replay
+//! (docs/RELIABILITY.md, CUDA graphs).
 //!
 //! Before the capture the step runs eagerly ([`CaptureOptions::warmup`] times, once by
 //! default), so that lazy initialisation (cuBLAS workspaces, XLA's compilation and
@@ -156,7 +159,12 @@ impl Graph {
         ffi::check("CUDAGraph::capture_begin", unsafe {
             ffi::hf_graph_capture_begin(raw.as_ptr(), index(ordinal), mode)
         })?;
-        let outputs = step(&graph.inputs);
+        // Announced: a kernel called in the step can give the capture memory of its own
+        // (handoff-xla's capture clients).
+        let outputs = match capture_stream(ordinal, side) {
+            Ok(stream) => handoff_runtime::graph::announce(&stream, || step(&graph.inputs)),
+            Err(e) => Err(e),
+        };
         // Work forked into the capture and not joined yet (an XLA program whose outputs
         // did not come back to PyTorch) joins the capture's stream.
         let settled =

@@ -2,6 +2,10 @@
 //! (`handoff_torch::graph`), against the same step run eagerly; what cannot be captured
 //! is refused with an error naming it, and the process can capture again afterwards.
 //!
+//! XLA buffers made after a capture are not overwritten by its replays with capture
+//! clients on (`handoff_xla::capture_clients`): the captured execution ran on a client of
+//! the graph's own; after the graph is gone, its client serves the next capture.
+//!
 //! The control: the same XLA execution captured on a stream without handoff's settling
 //! (its output left in XLA) cannot end its capture (CUDA: unjoined work), which shows
 //! that the settling, not luck, is what makes the mixed graph work.
@@ -24,8 +28,13 @@ fn gelu_scale(x: &Tensor) -> Tensor {
     x.gelu("tanh") * 1.1 + 0.5
 }
 
-/// The XLA CUDA kernel, or `None` after printing why the test skips.
+/// The XLA CUDA kernel of [`PROGRAM`], or `None` after printing why the test skips.
 fn kernel() -> Option<Arc<Kernel>> {
+    kernel_of(PROGRAM)
+}
+
+/// An XLA CUDA kernel of StableHLO `program`, or `None` after printing why the test skips.
+fn kernel_of(program: &str) -> Option<Arc<Kernel>> {
     let plugin = match std::env::var_os("HANDOFF_PJRT_PLUGIN").map_or_else(Plugin::cuda, Plugin::load) {
         Ok(p) if p.is_gpu() => p,
         Ok(p) => {
@@ -39,7 +48,7 @@ fn kernel() -> Option<Arc<Kernel>> {
     };
     let client = Client::new(plugin, &ClientOptions::default().preallocate(false)).expect("XLA CUDA client");
     Some(Arc::new(
-        Kernel::compile(&client, Program::text(PROGRAM), &CompileOptions::default()).expect("compile"),
+        Kernel::compile(&client, Program::text(program), &CompileOptions::default()).expect("compile"),
     ))
 }
 
@@ -162,4 +171,58 @@ fn gpu_graph_refuses_what_it_cannot_replay() {
     .expect("a capture after failed ones");
     again.replay().unwrap();
     assert!(close(&again.outputs()[0], &Tensor::full([4], 2.0, F32)));
+}
+
+/// `tanh(a @ b) @ b.T + 1` at 512x512 f32: an intermediate in XLA's scratch memory.
+const SCRATCH: &str = include_str!("../../xla/programs/tanh_matmuls_f32_512.mlir");
+
+/// With capture clients on: XLA buffers made eagerly after a capture, alive across 5
+/// replays, are not overwritten (0 of 64), the replay's value is the eager one, and the
+/// capture ran on a client of its own (one made, reused by the next capture once the
+/// first graph is gone). The count with capture clients off is printed beside it, not
+/// asserted: whether a later buffer lands in the freed scratch is up to XLA's allocator.
+#[test]
+fn gpu_graph_on_a_capture_client_leaves_later_xla_buffers_alone() {
+    let Some(_gpu) = gpu_common::gpu() else { return };
+    let Some(kernel) = kernel_of(SCRATCH) else { return };
+    let w = Tensor::randn([512, 512], F32) / 512f64.sqrt();
+    let overwritten = |clients: bool| -> (usize, bool) {
+        handoff_xla::capture_clients::set_enabled(clients);
+        let (k, w2) = (kernel.clone(), w.shallow_clone());
+        let x = Tensor::randn([512, 512], F32);
+        let graph = Graph::capture(0, vec![x.shallow_clone()], &CaptureOptions::default(), move |inputs| {
+            Ok(vec![k.call((&inputs[0], &w2)).map(|[y]: [Tensor; 1]| y)?])
+        })
+        .expect("capture");
+        handoff_xla::capture_clients::set_enabled(false);
+        let eager: Tensor = kernel.call((&x, &w)).map(|[y]: [Tensor; 1]| y).unwrap();
+        let d = kernel.device().clone();
+        let client = kernel.client();
+        let held: Vec<Buffer> = (0..64)
+            .map(|i| client.buffer_from_host(&d, &vec![i as f32; 512 * 512], &[512, 512]).unwrap())
+            .collect();
+        for _ in 0..5 {
+            graph.replay().unwrap();
+        }
+        gpu_common::sync();
+        let changed = held
+            .iter()
+            .enumerate()
+            .filter(|(i, b)| b.to_vec::<f32>().unwrap().iter().any(|&v| v != *i as f32))
+            .count();
+        (changed, close(&graph.outputs()[0], &eager))
+    };
+    let made = || handoff_xla::capture_clients::made().get(&0).copied().unwrap_or(0);
+    let before = made();
+    let (changed, right) = overwritten(true);
+    assert!(right, "the replay differs from the eager call");
+    assert_eq!(changed, 0, "{changed} of 64 XLA buffers made after the capture were overwritten");
+    assert_eq!(made(), before + 1, "the capture made a client of its own");
+    assert!(handoff_runtime::graph::wait_released(std::time::Duration::from_secs(10)));
+    let (again, right) = overwritten(true);
+    assert_eq!((again, right, made()), (0, true, before + 1), "the next capture reuses the client");
+    let (control, right) = overwritten(false);
+    println!(
+        "capture clients off (the kernel's own client): {control} of 64 overwritten, replay right: {right}"
+    );
 }

@@ -26,6 +26,11 @@ def gelu_scale(x):
     return gelu(x) * 1.1 + 0.5
 
 
+def tanh_matmuls(a, b):
+    # an intermediate XLA keeps in scratch memory between the two matmuls
+    return jnp.tanh(a @ b) @ b.T + 1.0
+
+
 def row_sum(x):
     return jnp.sum(x, axis=1)
 
@@ -90,6 +95,7 @@ def main():
     write_text("gelu_scale_f32_4x8", gelu_scale, spec((4, 8)))
     write_text("row_sum_f32_8x16", row_sum, spec((8, 16)))
     write_text("matmul_f32_16x32x8", matmul, spec((16, 32)), spec((32, 8)))
+    write_text("tanh_matmuls_f32_512", tanh_matmuls, spec((512, 512)), spec((512, 512)))
     write_text("sum_and_max_f32_64", sum_and_max, spec((64,)))
     for n, d in [(64, 64), (256, 256), (1024, 1024)]:
         for dt, tag in [(jnp.float32, "f32"), (jnp.bfloat16, "bf16")]:

@@ -41,6 +41,7 @@ pub mod bare_calls;
 mod buffer;
 #[cfg(feature = "cuda")]
 mod capture;
+pub mod capture_clients;
 mod client;
 pub mod dtype;
 mod error;

@@ -178,6 +178,29 @@ fn a_buffer_of_another_client_is_refused_with_a_typed_error() {
     close(&y.to_vec::<f32>().unwrap(), &ln_gelu(&xs, 16), 1e-5);
 }
 
+/// A kernel compiled for another client (what a CUDA graph capture runs on its own
+/// client): compiled once per client, the same values, the first client's buffers
+/// viewed in place, a third client's buffers refused.
+#[test]
+fn a_kernel_on_another_client_reads_its_first_clients_buffers_in_place() {
+    let Some(a) = client() else { return };
+    let (b, c) = (client().unwrap(), client().unwrap());
+    let k = load(&a, "ln_gelu_f32_8x16_cpu.jaxexport");
+    let on_b = k.on_client(&b).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&on_b, &k.on_client(&b).unwrap()), "compiled once per client");
+    assert_eq!(on_b.client().platform(), b.platform());
+    let xs = input(128, 7);
+    let x = a.buffer_from_host(&a.device(0).unwrap(), &xs, &[8, 16]).unwrap();
+    let (y, d) = stats::measure(|| on_b.call1::<_, _, Buffer, _>(&x));
+    let y = y.unwrap();
+    assert_eq!((d.copies, d.imports), (0, 1), "a view of a's buffer");
+    assert_eq!(y.device(), b.device(0).unwrap(), "an output of b's");
+    close(&y.to_vec::<f32>().unwrap(), &ln_gelu(&xs, 16), 1e-5);
+    let of_c = c.buffer_from_host(&c.device(0).unwrap(), &xs, &[8, 16]).unwrap();
+    let e = on_b.call1::<_, _, Buffer, _>(&of_c).unwrap_err();
+    assert!(matches!(e, XlaError::ClientMismatch { index: 0, .. }), "{e}");
+}
+
 /// Host memory handed to a kernel: viewed when 64-byte aligned, refused otherwise
 /// unless the call allows a copy.
 #[test]

@@ -54,7 +54,9 @@ impl Inputs<'_> {
         let name = k.name();
         let param = k.params.as_ref().and_then(|p| p.get(index));
         let kept = k.kept.as_ref().is_none_or(|kept| kept.get(index).copied().unwrap_or(true));
-        if let Some(buffer) = (&value as &dyn Any).downcast_ref::<Buffer>() {
+        if let Some(buffer) = (&value as &dyn Any).downcast_ref::<Buffer>()
+            && !k.views_buffers_of(buffer)
+        {
             k.exe.check_client(index, buffer)?;
             if buffer.device() != k.device {
                 return Err(device_mismatch(name, index, &k.device, format!("{:?}", buffer.device())));

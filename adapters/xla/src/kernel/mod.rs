@@ -35,7 +35,7 @@ use crate::hlo::ArraySpec;
 use crate::result::executable::{RawList, all_positions};
 use handoff_runtime::{Exportable, Stream};
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 mod inputs;
 mod outputs;
@@ -72,6 +72,13 @@ pub struct Kernel {
     options: CompileOptions,
     /// The VJP kernel, compiled on first use.
     vjp: OnceLock<Box<Kernel>>,
+    /// What it was compiled from, for another client ([`Kernel::on_client`]).
+    source: Source,
+    /// The same program compiled for other clients (capture clients), kept.
+    others: Mutex<Vec<Arc<Kernel>>>,
+    /// For a kernel made by [`Kernel::on_client`]: the client it was made from, whose
+    /// buffers it takes as views.
+    origin: Option<Client>,
 }
 
 /// Where a kernel's VJP comes from.
@@ -94,7 +101,7 @@ impl std::fmt::Debug for Kernel {
 }
 
 /// What a kernel is compiled from: a StableHLO [`Program`] or a `jax.export` [`Artifact`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Source {
     /// StableHLO text or bytecode.
     Program(Program),
@@ -287,6 +294,7 @@ impl Kernel {
         name: Option<String>,
     ) -> Result<Kernel> {
         let device = client.device(options.device.unwrap_or(0))?;
+        let kept_source = source.clone();
         let (exe, params, kept, platform_index, vjp_source) = match source {
             Source::Program(program) => {
                 let exe = client.compile_with(&program, options)?;
@@ -345,7 +353,63 @@ impl Kernel {
             vjp_source,
             options: options.clone(),
             vjp: OnceLock::new(),
+            source: kept_source,
+            others: Mutex::new(Vec::new()),
+            origin: None,
         })
+    }
+
+    /// This kernel compiled for `client` (another client of the same plugin) on the
+    /// device with the same ordinal, once per client and kept: what a CUDA graph capture
+    /// runs on its own client ([`capture_clients`](crate::capture_clients)). It takes
+    /// buffers of this kernel's client as views (no copy), besides its own client's;
+    /// its VJP is compiled for `client` too.
+    ///
+    /// ```no_run
+    /// # use handoff_xla::{Buffer, Client, Kernel};
+    /// let (a, b) = (Client::from_env()?, Client::from_env()?);
+    /// let kernel = Kernel::load(&a, "adapters/xla/programs/gelu_scale_f32_4x8.mlir")?;
+    /// let x = a.buffer_from_host(&a.device(0)?, &[0.5f32; 32], &[4, 8])?;
+    /// let y: Buffer = kernel.on_client(&b)?.call1(&x)?; // runs on `b`, reads `x` in place
+    /// # Ok::<(), handoff_xla::XlaError>(())
+    /// ```
+    pub fn on_client(&self, client: &Client) -> Result<Arc<Kernel>> {
+        let mut others = self.others.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(k) = others.iter().find(|k| Arc::ptr_eq(&k.client.inner, &client.inner)) {
+            return Ok(k.clone());
+        }
+        let mut options = self.options.clone();
+        options.device = Some(client.index_of_ordinal(self.device.ordinal())?);
+        let mut k =
+            Kernel::compile_named(client, self.source.clone(), &options, Some(self.name().to_owned()))?;
+        k.origin = Some(self.client.clone());
+        let k = Arc::new(k);
+        others.push(k.clone());
+        Ok(k)
+    }
+
+    /// Whether `b` is a buffer of the client this kernel was made from ([`on_client`](Self::on_client)),
+    /// which it takes as a view.
+    pub(crate) fn views_buffers_of(&self, b: &Buffer) -> bool {
+        self.origin.as_ref().is_some_and(|o| Arc::ptr_eq(&o.inner, &b.inner.client))
+    }
+
+    /// The kernel to run instead of this one: inside a CUDA graph capture its thread
+    /// announced, with capture clients on, this kernel compiled for the capture's own
+    /// client (`handoff_xla::capture_clients`).
+    fn for_capture(&self) -> Result<Option<Arc<Kernel>>> {
+        if !crate::capture_clients::is_enabled() || self.origin.is_some() || !self.client.is_gpu() {
+            return Ok(None);
+        }
+        match handoff_runtime::graph::current() {
+            Some(c) if c.stream().device() == self.device.handoff_device() => {
+                crate::capture_clients::on_leased(&self.client, self.device.ordinal(), &c, |client| {
+                    self.on_client(client)
+                })
+                .map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Whether [`Kernel::vjp`] has a VJP to compile (an artifact serialized with one).
@@ -475,6 +539,9 @@ impl Kernel {
 
     /// [`call`](Self::call) with options.
     pub fn call_with<A: Args<V>, V, R: Outputs<W>, W>(&self, options: &CallOptions, args: A) -> Result<R> {
+        if let Some(other) = self.for_capture()? {
+            return other.call_with(options, args);
+        }
         if let Some(params) = &self.params
             && params.len() != args.len()
         {
