@@ -489,4 +489,3 @@ def _torch_ops():
     from . import _torch_ops
 
     return _torch_ops
-

@@ -66,27 +66,18 @@ pub struct Kernel {
     platform_index: Option<Buffer>,
     /// Every argument index, made once: what a call passes as non-donatable.
     no_donation: Vec<i64>,
-    /// Where the VJP comes from.
-    vjp_source: VjpSource,
     /// The options it was compiled with (the VJP is compiled with the same).
     options: CompileOptions,
     /// The VJP kernel, compiled on first use.
     vjp: OnceLock<Box<Kernel>>,
-    /// What it was compiled from, for another client ([`Kernel::on_client`]).
+    /// What it was compiled from: for its VJP (an artifact's) and for another client
+    /// ([`Kernel::on_client`]).
     source: Source,
     /// The same program compiled for other clients (capture clients), kept.
     others: Mutex<Vec<Arc<Kernel>>>,
     /// For a kernel made by [`Kernel::on_client`]: the client it was made from, whose
     /// buffers it takes as views.
     origin: Option<Client>,
-}
-
-/// Where a kernel's VJP comes from.
-enum VjpSource {
-    /// The VJP of the kernel's `jax.export` artifact.
-    Artifact(Box<Artifact>),
-    /// None: why (the reason of [`XlaError::NoVjp`]).
-    Missing(String),
 }
 
 impl std::fmt::Debug for Kernel {
@@ -295,13 +286,11 @@ impl Kernel {
     ) -> Result<Kernel> {
         let device = client.device(options.device.unwrap_or(0))?;
         let kept_source = source.clone();
-        let (exe, params, kept, platform_index, vjp_source) = match source {
+        let (exe, params, kept, platform_index) = match source {
             Source::Program(program) => {
                 let exe = client.compile_with(&program, options)?;
                 let params = exe.parameters().map(<[ArraySpec]>::to_vec);
-                let no_vjp = "it was compiled from StableHLO, which carries no VJP: export the function with \
-                              jax.export and `serialize(vjp_order=1)`";
-                (exe, params, None, None, VjpSource::Missing(no_vjp.to_owned()))
+                (exe, params, None, None)
             }
             Source::Artifact(artifact) => {
                 let platform = client.platform().to_ascii_lowercase();
@@ -330,12 +319,7 @@ impl Kernel {
                     .filter(|(i, _)| !artifact.float0_inputs().contains(i))
                     .map(|(i, spec)| (spec.clone(), artifact.kept_inputs().contains(&i)))
                     .unzip();
-                let vjp_source = match artifact.vjp() {
-                    Ok(vjp) => VjpSource::Artifact(Box::new(vjp.clone())),
-                    Err(XlaError::NoVjp { reason, .. }) => VjpSource::Missing(reason),
-                    Err(e) => VjpSource::Missing(e.to_string()),
-                };
-                (exe, Some(params), Some(kept), platform_index, vjp_source)
+                (exe, Some(params), Some(kept), platform_index)
             }
         };
         let ready = client.ready_stream(&device)?;
@@ -350,7 +334,6 @@ impl Kernel {
             kept,
             platform_index,
             no_donation,
-            vjp_source,
             options: options.clone(),
             vjp: OnceLock::new(),
             source: kept_source,
@@ -414,7 +397,23 @@ impl Kernel {
 
     /// Whether [`Kernel::vjp`] has a VJP to compile (an artifact serialized with one).
     pub(crate) fn has_vjp(&self) -> bool {
-        matches!(self.vjp_source, VjpSource::Artifact(_))
+        self.vjp_artifact().is_ok()
+    }
+
+    /// The artifact of the kernel's VJP, or why there is none (the reason of
+    /// [`XlaError::NoVjp`]).
+    fn vjp_artifact(&self) -> std::result::Result<&Artifact, String> {
+        match &self.source {
+            Source::Program(_) => {
+                Err("it was compiled from StableHLO, which carries no VJP: export the function \
+                                       with jax.export and `serialize(vjp_order=1)`"
+                    .to_owned())
+            }
+            Source::Artifact(a) => a.vjp().map_err(|e| match e {
+                XlaError::NoVjp { reason, .. } => reason,
+                e => e.to_string(),
+            }),
+        }
     }
 
     /// The program's name.
@@ -494,11 +493,9 @@ impl Kernel {
         if let Some(k) = self.vjp.get() {
             return Ok(k);
         }
-        let artifact = match &self.vjp_source {
-            VjpSource::Artifact(a) => (**a).clone(),
-            VjpSource::Missing(reason) => {
-                return Err(XlaError::NoVjp { program: self.name().to_owned(), reason: reason.clone() });
-            }
+        let artifact = match self.vjp_artifact() {
+            Ok(a) => a.clone(),
+            Err(reason) => return Err(XlaError::NoVjp { program: self.name().to_owned(), reason }),
         };
         let name = format!("vjp({})", self.name());
         let k = Kernel::compile_named(&self.client, Source::Artifact(artifact), &self.options, Some(name))?;
