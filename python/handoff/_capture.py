@@ -144,6 +144,7 @@ def _make_client(ordinal: int) -> Any:
     from jax._src import xla_bridge
     from jax._src.lib import xla_client
 
+    xla_bridge.get_backend("cuda")  # the plugin is initialized with JAX's own client
     options = dict(xla_client.generate_pjrt_gpu_plugin_options())
     options.update(allocator="bfc", preallocate=False)
     if _memory_fraction is not None:
