@@ -20,8 +20,8 @@ per device at once.
 Off unless switched on (``handoff.capture_clients(enabled=True)``): on an H100, 4 of 17
 runs of ``torch.cuda.make_graphed_callables`` on a module with a JAX layer ended in a
 segmentation fault inside the capture, right after the JAX work on a new client
-(BENCHMARKS.md, 2026-12-07 15:12), and 1 of 10 more (22:15): handing a JAX result with no
-device memory behind it to PyTorch. Its cause is not found yet.
+(BENCHMARKS.md, 2026-12-07 15:12), and 1 of 10 more (22:15), in PJRT while a JAX result
+was handed to PyTorch, as if it had no device memory behind it. Its cause is not found yet.
 """
 
 from __future__ import annotations
