@@ -300,10 +300,21 @@ class Traced:
         captured = program.device.type == "cuda" and _capturing()
         with _jax_config.configured(program.context):
             bwd = self.bwd(missing, captured)
-            arrays = _as_jax(list(saved) + present, captured)
+            arrays = _as_jax(list(saved) + present, captured, self._kept_views(saved))
             grads = bwd(arrays[: len(saved)], arrays[len(saved):])
         program.owner._count_execution()
         return _to_torch_many(grads)
+
+    def _kept_views(self, saved: Sequence[Any]) -> Dict[int, Any]:
+        """The kept parameter views of the saved inputs (position in ``saved`` -> array):
+        what a compiled backward, which gets no arrays from its forward, reads in place
+        of handing those parameters to JAX again."""
+        found = {}
+        for p, i in enumerate(self.saved_in):
+            a = self.views.get(i, saved[p])
+            if a is not None:
+                found[p] = a
+        return found
 
     def fwd(self, captured: bool = False) -> Any:
         """The jitted forward: takes the inputs' arrays, returns the new outputs and
@@ -348,7 +359,8 @@ class Traced:
 #: this thread: ``keep`` asks the forward to keep the JAX arrays of the inputs the
 #: backward reads, ``kept`` holds them (input position -> (tensor, array)), and ``known``
 #: offers them to the backward (tensor id -> (tensor, array)). A compiled graph calls the
-#: kernels without it; its backward hands those inputs to JAX again.
+#: kernels without it; its backward reads the parameters' kept views (``handoff._views``)
+#: and hands the other inputs to JAX again.
 _HERE = threading.local()
 
 
@@ -365,22 +377,23 @@ def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def _as_jax(tensors: Sequence[Any], captured: bool = False) -> List[Any]:
+def _as_jax(tensors: Sequence[Any], captured: bool = False, views: Optional[Dict[int, Any]] = None) -> List[Any]:
     """JAX arrays of these tensors: the array a tensor was made from where the forward
-    kept it (with a residual, or offered on this thread), the others handed to JAX (in
-    one call). Inside a capture (``captured``) every tensor crosses: onto the capture's
-    client where capture clients are on (``handoff._capture``), which the forward's
-    arrays may not be on."""
+    kept it (with a residual, or offered on this thread), a parameter's kept view
+    (``views``: position -> array), the others handed to JAX (in one call). Inside a
+    capture (``captured``) every tensor crosses: onto the capture's client where capture
+    clients are on (``handoff._capture``), which the forward's arrays may not be on."""
     known = getattr(_HERE, "known", None) or {}
     _HERE.known = None
     if captured:
         return list(_to_jax_many(tensors))
+    views = views or {}
     arrays = []
-    for t in tensors:
+    for p, t in enumerate(tensors):
         a = getattr(t, "_handoff_jax", None)
         if a is None:
             k = known.get(id(t))
-            a = k[1] if k is not None and k[0] is t else None
+            a = k[1] if k is not None and k[0] is t else views.get(p)
         arrays.append(a)
     missing = [t for t, a in zip(tensors, arrays) if a is None]
     if missing:

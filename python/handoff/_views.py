@@ -4,8 +4,9 @@ Handing a tensor to JAX is mostly jaxlib's import of its DLPack capsule (about 1
 host time on an H100, more on PyTorch's autograd thread), and a layer's parameters cross
 at every call although they are the same memory call after call (an optimizer updates
 them in place). So the JAX view of an ``nn.Parameter`` is made once and given again
-while the parameter still has that memory (same object, address and strides); any other
-tensor crosses at every call as before.
+while the parameter still has that memory (same object, address and strides), to the
+forward and to a compiled backward that reads the parameter (an eager backward gets the
+forward's own arrays); any other tensor crosses at every call as before.
 
 **Order.** A call still hands at least one tensor to JAX the usual way, and that
 crossing makes JAX's stream wait for PyTorch's current stream (one wait covers every
@@ -49,10 +50,8 @@ class Views:
         arrays: List[Any] = [None] * len(tensors)
         fresh: List[int] = []
         for i, t in enumerate(tensors):
-            k = kept[i]
-            if k is not None and k[0] is t and k[1] == t.data_ptr() and k[2] == t.stride():
-                arrays[i] = k[3]
-            else:
+            arrays[i] = self.get(i, t)
+            if arrays[i] is None:
                 fresh.append(i)
         if not fresh and ORDER:
             fresh.append(0)
@@ -62,6 +61,14 @@ class Views:
             arrays[i] = a
             kept[i] = _keep(tensors[i], a)
         return arrays
+
+    def get(self, i: int, t: Any) -> Any:
+        """The kept view of input ``i`` where it still holds for ``t``, else ``None``; for
+        a backward reading the input (its cotangents' crossing keeps the order)."""
+        k = self._kept[i]
+        if k is not None and k[0] is t and k[1] == t.data_ptr() and k[2] == t.stride():
+            return k[3]
+        return None
 
 
 def _keep(t: Any, a: Any) -> Optional[Kept]:

@@ -166,6 +166,44 @@ def test_the_eager_fast_path_and_the_dispatcher_give_the_same():
 # ---- torch.compile ------------------------------------------------------------------------
 
 
+def test_a_compiled_step_hands_no_parameter_to_jax_again(monkeypatch):
+    """After the first step, the compiled forward and backward read the layer's kept
+    parameter views (``handoff._views``), as eager calls do: only activations and
+    cotangents cross. The control, a backward that does not look for the views, hands
+    the three parameters it reads (saved inputs) to JAX again at every step."""
+    from handoff import _program, _views
+
+    params = set()
+    crossed = []
+
+    def spy(real):
+        def counting(tensors):
+            crossed.extend(id(t) in params for t in tensors)
+            return real(tensors)
+        return counting
+
+    monkeypatch.setattr(_program, "_to_jax_many", spy(_program._to_jax_many))
+    monkeypatch.setattr(_views, "_to_jax_many", spy(_views._to_jax_many))
+
+    def params_crossed():
+        torch._dynamo.reset()
+        model = Model(handoff.torch_function(ln_gelu_matmul))
+        params.clear()
+        params.update(id(p) for p in model.parameters())
+        step = torch.compile(model, backend="aot_eager")
+        per_step = []
+        for x in batches(4):
+            crossed.clear()
+            step(x).square().mean().backward()
+            per_step.append(sum(crossed))
+        return per_step
+
+    assert params_crossed() == [3, 0, 0, 0]  # gamma, beta, w: the first forward keeps them
+    assert graph_breaks() == 0
+    monkeypatch.setattr(_program.Traced, "_kept_views", lambda self, saved: {})
+    assert params_crossed() == [6, 3, 3, 3]  # the control: all three in every backward
+
+
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_compile_trains_as_eager_for_20_steps(fullgraph):
     """Inductor (the default backend) compiles the PyTorch layers around the JAX one:
