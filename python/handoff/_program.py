@@ -300,21 +300,17 @@ class Traced:
         captured = program.device.type == "cuda" and _capturing()
         with _jax_config.configured(program.context):
             bwd = self.bwd(missing, captured)
-            arrays = _as_jax(list(saved) + present, captured, self._kept_views(saved))
+            arrays = _as_jax(list(saved) + present, captured, self._kept_view)
             grads = bwd(arrays[: len(saved)], arrays[len(saved):])
         program.owner._count_execution()
         return _to_torch_many(grads)
 
-    def _kept_views(self, saved: Sequence[Any]) -> Dict[int, Any]:
-        """The kept parameter views of the saved inputs (position in ``saved`` -> array):
-        what a compiled backward, which gets no arrays from its forward, reads in place
-        of handing those parameters to JAX again."""
-        found = {}
-        for p, i in enumerate(self.saved_in):
-            a = self.views.get(i, saved[p])
-            if a is not None:
-                found[p] = a
-        return found
+    def _kept_view(self, p: int, t: Any) -> Any:
+        """The kept parameter view of ``t``, the backward's saved tensor at position
+        ``p``, where that is an input whose view still holds (else ``None``): what a
+        compiled backward, which gets no arrays from its forward, reads in place of
+        handing the parameter to JAX again."""
+        return self.views.get(self.saved_in[p], t) if p < len(self.saved_in) else None
 
     def fwd(self, captured: bool = False) -> Any:
         """The jitted forward: takes the inputs' arrays, returns the new outputs and
@@ -377,23 +373,26 @@ def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def _as_jax(tensors: Sequence[Any], captured: bool = False, views: Optional[Dict[int, Any]] = None) -> List[Any]:
+def _as_jax(tensors: Sequence[Any], captured: bool = False,
+            kept_view: Optional[Callable[[int, Any], Any]] = None) -> List[Any]:
     """JAX arrays of these tensors: the array a tensor was made from where the forward
     kept it (with a residual, or offered on this thread), a parameter's kept view
-    (``views``: position -> array), the others handed to JAX (in one call). Inside a
+    (``kept_view(position, tensor)``), the others handed to JAX (in one call). Inside a
     capture (``captured``) every tensor crosses: onto the capture's client where capture
     clients are on (``handoff._capture``), which the forward's arrays may not be on."""
     known = getattr(_HERE, "known", None) or {}
     _HERE.known = None
     if captured:
         return list(_to_jax_many(tensors))
-    views = views or {}
     arrays = []
     for p, t in enumerate(tensors):
         a = getattr(t, "_handoff_jax", None)
         if a is None:
             k = known.get(id(t))
-            a = k[1] if k is not None and k[0] is t else views.get(p)
+            if k is not None and k[0] is t:
+                a = k[1]
+            elif kept_view is not None:
+                a = kept_view(p, t)
         arrays.append(a)
     missing = [t for t, a in zip(tensors, arrays) if a is None]
     if missing:
