@@ -74,3 +74,34 @@ def on_thread(label, fn):
 on_thread("jit a*2 (native input)", lambda: f1(native))
 on_thread("handoff.to_jax", lambda: handoff.to_jax(x))
 on_thread("jit 4 in/3 out (imported)", lambda: f4(imported, imported, imported, imported))
+
+
+def on_autograd_thread(label, fn):
+    """Times `fn` inside a backward, on PyTorch's autograd device thread."""
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            timeit(label + " [autograd thread]", fn)
+            return g
+
+    Probe.apply(torch.ones(4, device="cuda", requires_grad=True)).sum().backward()
+
+
+from handoff._handoff import _to_jax_many, _to_torch_many  # noqa: E402
+
+timeit("_to_jax_many([x])", lambda: _to_jax_many([x]))
+timeit("_to_torch_many([native])", lambda: _to_torch_many([native]))
+timeit("torch.cuda.current_stream()", torch.cuda.current_stream)
+for label, fn in [("_to_jax_many([x])", lambda: _to_jax_many([x])),
+                  ("_to_torch_many([native])", lambda: _to_torch_many([native])),
+                  ("handoff.to_jax", lambda: handoff.to_jax(x)),
+                  ("torch capsule + jaxlib import",
+                   lambda: _jax.dlpack_managed_tensor_to_buffer(x.__dlpack__(stream=stream), dev, stream, False, 2)),
+                  ("torch.cuda.current_stream()", torch.cuda.current_stream),
+                  ("jit a*2 (native input)", lambda: f1(native))]:
+    on_thread(label, fn)
+    on_autograd_thread(label, fn)

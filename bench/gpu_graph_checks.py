@@ -21,7 +21,8 @@ One check per run, so that a crash ends only its own run; exit 1 when it fails::
   then both backwards (``--phases sequential``: each call done before the next begins);
   the outputs and gradients of each side against the eager module's alone, before any
   replay (``--pure``: a PyTorch layer, the control). Interleaved, only the graphed side
-  is judged: the eager copy's JAX arrays are alive across the graphed replays.
+  is judged: the eager copy's JAX arrays are alive across the graphed replays. Its
+  captures take ``--mode`` too (``torch.cuda.graph``'s default, ``global``, otherwise).
 - ``scratch``: JAX arrays made after a capture and alive across its replays, counted
   where the replays overwrote them (XLA reuses a captured execution's scratch memory);
   the check is that the replay is right and handoff warned (``CaptureWarning``).
@@ -109,7 +110,8 @@ def main() -> int:
         ],
         required=True,
     )
-    ap.add_argument("--mode", choices=["global", "thread_local", "relaxed"], default="thread_local")
+    ap.add_argument("--mode", choices=["global", "thread_local", "relaxed"],
+                    help="capture mode (default: thread_local; graphed_callables: global, as PyTorch)")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--prune", action="store_true", help="keep_graph=True, handoff.prune_graph, instantiate")
     ap.add_argument(
@@ -131,6 +133,7 @@ def main() -> int:
     ap.add_argument("--prewarm", type=int, default=0,
                     help="capture clients made and used before any capture")
     args = ap.parse_args()
+    args.mode = args.mode or ("global" if args.probe == "graphed_callables" else "thread_local")
     handoff.capture_clients(enabled=not args.control)
     if not torch.cuda.is_available():
         emit(probe=args.probe, skipped="no CUDA device")
@@ -302,6 +305,9 @@ def graphed_callables(args) -> int:
         sample = torch.randn(64, width, device="cuda", requires_grad=True)
         xs = [torch.randn(64, width, device="cuda") * (1 + i % 3) for i in range(20)]
         stage = "make_graphed_callables"
+        if args.mode != "global":  # make_graphed_callables captures with torch.cuda.graph's default
+            plain = torch.cuda.graph
+            torch.cuda.graph = lambda *a, **k: plain(*a, capture_error_mode=args.mode, **k)
         graphed = torch.cuda.make_graphed_callables(graphed_module, (sample,))
         stage = "calls"
         # The reference: the eager module alone, no replay anywhere near.
