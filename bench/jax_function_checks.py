@@ -15,6 +15,10 @@ Figures:
   ``handoff.stats()["host_syncs"]`` is unchanged. The control, a module that calls
   ``.item()``, is refused with the sync named; with ``host_syncs="allow"`` its callback
   finds the stream idle (it waited).
+- ``command_buffers``: with XLA's command buffers as JAX configures them by default
+  (``XLA_FLAGS`` unset), ``CALLS`` calls of a jitted training step with JAX work on both
+  sides of the PyTorch MLP (a ``sin`` before, a squared mean after), each on a new input:
+  the loss and every gradient equal PyTorch's own step on the same input, every call.
 - ``step_time``: median ms per training step (forward, ``jax.grad`` or ``backward``, an
   SGD update) of handoff.jax_function, torch-jax-interop's ``torch_module_to_jax``
   (``jax.pure_callback``: every input to the host and back; reported only, skipped
@@ -31,6 +35,7 @@ from harness import check, emit
 QUEUED_MS = 50.0
 MATRIX = 8192  # bf16 matmuls of MATRIX x MATRIX keep XLA's stream busy
 LR = 1e-3
+CALLS = 100
 SIZES = {  # model -> bound -> (batch, [sequence,] width)
     "mlp": {"host": (64, 256), "gpu": (8192, 2048)},
     "block": {"host": (2, 32, 64), "gpu": (16, 1024, 1024)},
@@ -60,6 +65,7 @@ def main():
                 torch_jax_interop=tji[1], python=harness.PYTHON)
     check_grads(torch, jax, jnp, handoff)
     check_no_host_sync(torch, jax, jnp, handoff)
+    check_command_buffers(torch, jax, jnp, handoff)
     for name in args.models:
         for bound in args.bounds:
             time_steps(torch, jax, jnp, handoff, tji[0], name, bound, args)
@@ -159,6 +165,34 @@ def check_grads(torch, jax, jnp, handoff):
         check(abs(float(loss) - want_loss) <= 1e-5 * max(1.0, abs(want_loss)),
               f"{name}: loss differs from PyTorch's")
         check(worst <= 1e-4, f"{name}: gradients differ from PyTorch's (max relative error {worst:.2e})")
+
+
+def check_command_buffers(torch, jax, jnp, handoff):
+    import os
+
+    import numpy as np
+
+    model, _ = make_model(torch, "mlp", SIZES["mlp"]["host"])
+    fn, params = handoff.jax_module(model)
+
+    @jax.jit
+    def step(p, x):  # JAX fusions on both sides of the callbacks: XLA's command buffers
+        return jax.value_and_grad(lambda p: jnp.mean(fn(p, jnp.sin(x) * 0.5 + x) ** 2))(p)
+
+    wrong, worst = [], 0.0
+    for i in range(CALLS):
+        x = torch.randn(SIZES["mlp"]["host"], device="cuda") * (1 + i % 4)
+        loss, grads = step(params, handoff.to_jax(x))
+        want_loss, want = torch_grads(torch, model, torch.sin(x) * 0.5 + x)
+        err = max(float(np.max(np.abs(np.asarray(grads[k]) - want[k].cpu().numpy())) /
+                        (float(want[k].abs().max()) + 1e-12)) for k in want)
+        err = max(err, abs(float(loss) - want_loss) / max(1.0, abs(want_loss)))
+        worst = max(worst, err)
+        if err > 1e-4:
+            wrong.append(i)
+    emit(figure="command_buffers", xla_flags=os.environ.get("XLA_FLAGS"), calls=CALLS, wrong=len(wrong),
+         first_wrong=wrong[:5], max_rel_error=worst)
+    check(not wrong, f"with XLA's command buffers, {len(wrong)} of {CALLS} steps differ from PyTorch's")
 
 
 def busy_program(jax, jnp):
