@@ -19,6 +19,14 @@ Figures:
   (``XLA_FLAGS`` unset), ``CALLS`` calls of a jitted training step with JAX work on both
   sides of the PyTorch MLP (a ``sin`` before, a squared mean after), each on a new input:
   the loss and every gradient equal PyTorch's own step on the same input, every call.
+- ``lifetime``: the other direction's lifetime trials. A jitted program queues ~50 ms of
+  JAX work, then a PyTorch function on its result whose temporaries are freed when it
+  returns; right after the call returns, PyTorch allocates tensors of the same size on
+  its own stream and fills them, while XLA's stream still has the function's work
+  queued. Over ``TRIALS`` trials every result is right: the function ran on XLA's stream,
+  after the queued work, and PyTorch's allocator keeps the memory it freed there for that
+  stream's later work. The control (``_jax_callback.ON_XLA_STREAM`` off: the function on
+  PyTorch's stream, unordered) is wrong in most trials.
 - ``step_time``: median ms per training step (forward, ``jax.grad`` or ``backward``, an
   SGD update) of handoff.jax_function, torch-jax-interop's ``torch_module_to_jax``
   (``jax.pure_callback``: every input to the host and back; reported only, skipped
@@ -36,6 +44,7 @@ QUEUED_MS = 50.0
 MATRIX = 8192  # bf16 matmuls of MATRIX x MATRIX keep XLA's stream busy
 LR = 1e-3
 CALLS = 100
+TRIALS = 5
 SIZES = {  # model -> bound -> (batch, [sequence,] width)
     "mlp": {"host": (64, 256), "gpu": (8192, 2048)},
     "block": {"host": (2, 32, 64), "gpu": (16, 1024, 1024)},
@@ -66,6 +75,7 @@ def main():
     check_grads(torch, jax, jnp, handoff)
     check_no_host_sync(torch, jax, jnp, handoff)
     check_command_buffers(torch, jax, jnp, handoff)
+    check_lifetime(torch, jax, jnp, handoff)
     for name in args.models:
         for bound in args.bounds:
             time_steps(torch, jax, jnp, handoff, tji[0], name, bound, args)
@@ -193,6 +203,53 @@ def check_command_buffers(torch, jax, jnp, handoff):
     emit(figure="command_buffers", xla_flags=os.environ.get("XLA_FLAGS"), calls=CALLS, wrong=len(wrong),
          first_wrong=wrong[:5], max_rel_error=worst)
     check(not wrong, f"with XLA's command buffers, {len(wrong)} of {CALLS} steps differ from PyTorch's")
+
+
+def lifetime_trials(torch, jax, jnp, handoff, flag, eye):
+    """How many of ``TRIALS`` results were wrong, and the ms each call took to return."""
+    import numpy as np
+
+    n = 1 << 20
+
+    def fn(a):
+        t1 = a * 2  # temporaries: freed when the function returns
+        t2 = t1 + 1
+        return t2 * 1.0
+
+    jf = handoff.jax_function(fn)
+    step = jax.jit(lambda x, w: jf(x + flag(w)))
+    for _ in range(2):
+        jax.block_until_ready(step(jnp.zeros(n), eye))  # compiled and warm
+    wrong, call_ms = 0, []
+    for i in range(TRIALS):
+        x = jnp.full(n, float(i + 1))
+        jax.block_until_ready(x)
+        ms, out = _timed(lambda: step(x, eye))
+        call_ms.append(round(ms, 3))
+        # On PyTorch's stream, idle, while XLA's stream has ~50 ms queued before the function.
+        scribbles = [torch.full((n,), -7.0, device="cuda") for _ in range(16)]
+        got = np.asarray(out)
+        del scribbles
+        wrong += int(not np.all(got == (i + 1) * 2 + 1))
+    return wrong, call_ms
+
+
+def check_lifetime(torch, jax, jnp, handoff):
+    from handoff import _jax_callback
+
+    flag, eye, reps = busy_program(jax, jnp)
+    wrong, call_ms = lifetime_trials(torch, jax, jnp, handoff, flag, eye)
+    _jax_callback.ON_XLA_STREAM = False
+    try:
+        control_wrong, _ = lifetime_trials(torch, jax, jnp, handoff, flag, eye)
+    finally:
+        _jax_callback.ON_XLA_STREAM = True
+    emit(figure="lifetime", queued_ms=QUEUED_MS, matmuls=reps, trials=TRIALS, wrong=wrong, call_ms=call_ms,
+         control_wrong=control_wrong)
+    check(wrong == 0, f"{wrong} of {TRIALS} results wrong with the function on XLA's stream")
+    check(max(call_ms) < QUEUED_MS / 5, f"a call took {max(call_ms)} ms to return (a host wait)")
+    check(control_wrong > 0, "the control (the function on PyTorch's stream) was never wrong: "
+          "the trial cannot detect a missing order")
 
 
 def busy_program(jax, jnp):

@@ -29,6 +29,12 @@ from ._jax_function import _argument, _jax_dtype, _output, _paths, _struct, _tor
 #: DLPack device types read as CUDA devices by PyTorch (kDLCUDA, kDLROCM).
 _CUDA_DLPACK = (2, 10)
 
+#: Whether the PyTorch function runs on XLA's stream (the order and the lifetime of its
+#: memory both rest on it). Switched off only by the GPU check's control, to show it is
+#: needed (``bench/jax_function_checks.py``): the function then runs on PyTorch's
+#: current stream, unordered.
+ON_XLA_STREAM = True
+
 
 class Signature:
     """One input signature of ``owner`` (a JaxFunction): see the module's docs.
@@ -319,11 +325,12 @@ class _Session:
         t = torch()
         try:
             if self.cuda:
+                self.stack.enter_context(t.cuda.device(self.device))
+            if self.cuda and ON_XLA_STREAM:
                 key = (self.ctx.stream, self.device.index)
                 stream = self._streams.get(key)
                 if stream is None:
                     stream = self._streams[key] = t.cuda.ExternalStream(key[0], device=self.device)
-                self.stack.enter_context(t.cuda.device(self.device))
                 self.stack.enter_context(t.cuda.stream(stream))
         except BaseException:
             self.stack.close()
