@@ -27,8 +27,16 @@ Figures:
   after the queued work, and PyTorch's allocator keeps the memory it freed there for that
   stream's later work. The control (``_jax_callback.ON_XLA_STREAM`` off: the function on
   PyTorch's stream, unordered) is wrong in most trials.
+- ``random``: a PyTorch function that draws (dropout) inside ``jax.jit(jax.vjp(...))`` on
+  CUDA: the backward re-runs it with the forward's random state, so the gradient with
+  respect to ``w`` of ``dropout(x) * w`` is exactly the forward's output divided by ``w``
+  (the same mask), with PyTorch's sync debug mode "error" in the callbacks and 0 host
+  syncs counted. The control (``random=False``: the state not kept) draws a new mask in
+  the backward, and the two differ.
 - ``step_time``: median ms per training step (forward, ``jax.grad`` or ``backward``, an
-  SGD update) of handoff.jax_function, torch-jax-interop's ``torch_module_to_jax``
+  SGD update) of handoff.jax_function, rdyro's torch2jax (``torch2jax_with_vjp``, an
+  XLA custom call; reported only, skipped where it does not import or build),
+  torch-jax-interop's ``torch_module_to_jax``
   (``jax.pure_callback``: every input to the host and back; reported only, skipped
   where the package does not import), the same step in JAX alone and in PyTorch alone,
   at a host-bound and a GPU-bound size of each model, in one run.
@@ -49,7 +57,8 @@ SIZES = {  # model -> bound -> (batch, [sequence,] width)
     "mlp": {"host": (64, 256), "gpu": (8192, 2048)},
     "block": {"host": (2, 32, 64), "gpu": (16, 1024, 1024)},
 }
-VARIANTS = ("handoff", "torch_jax_interop", "jax", "torch")
+VARIANTS = ("handoff", "torch_jax_interop", "torch2jax", "jax", "torch")
+PEERS = ("torch_jax_interop", "torch2jax")
 
 
 def main():
@@ -69,16 +78,18 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     jax.config.update("jax_default_matmul_precision", "highest")
-    tji = load_torch_jax_interop()
+    peers = {"torch_jax_interop": load_torch_jax_interop(), "torch2jax": load_torch2jax()}
     harness.env(torch=torch, jax=jax, handoff=handoff.__version__, gpu=torch.cuda.get_device_name(0),
-                torch_jax_interop=tji[1], python=harness.PYTHON)
+                torch_jax_interop=peers["torch_jax_interop"][1],
+                torch2jax=peers["torch2jax"][1], python=harness.PYTHON)
     check_grads(torch, jax, jnp, handoff)
     check_no_host_sync(torch, jax, jnp, handoff)
     check_command_buffers(torch, jax, jnp, handoff)
     check_lifetime(torch, jax, jnp, handoff)
+    check_random(torch, jax, jnp, handoff)
     for name in args.models:
         for bound in args.bounds:
-            time_steps(torch, jax, jnp, handoff, tji[0], name, bound, args)
+            time_steps(torch, jax, jnp, handoff, peers, name, bound, args)
 
 
 # ---- models -----------------------------------------------------------------------------
@@ -203,6 +214,36 @@ def check_command_buffers(torch, jax, jnp, handoff):
     emit(figure="command_buffers", xla_flags=os.environ.get("XLA_FLAGS"), calls=CALLS, wrong=len(wrong),
          first_wrong=wrong[:5], max_rel_error=worst)
     check(not wrong, f"with XLA's command buffers, {len(wrong)} of {CALLS} steps differ from PyTorch's")
+
+
+def random_mismatch(torch, jax, jnp, handoff, random):
+    """``(elements where the gradient is not the forward's mask, zeros in the mask)``."""
+    import numpy as np
+
+    fn = handoff.jax_function(lambda x, w: torch.nn.functional.dropout(x, 0.5, training=True) * w,
+                              random=random)
+
+    @jax.jit
+    def step(x, w):
+        y, pull = jax.vjp(lambda w: fn(x, w), w)
+        return y, pull(jnp.ones_like(y))[0]
+
+    x, w = jnp.ones((256, 256)) + jnp.arange(256.0), jnp.full((256, 256), 2.0)
+    y, gw = (np.asarray(a) for a in step(x, w))
+    return int(np.sum(gw != y / 2.0)), int(np.sum(y == 0))
+
+
+def check_random(torch, jax, jnp, handoff):
+    before = handoff.stats()["host_syncs"]
+    differ, dropped = random_mismatch(torch, jax, jnp, handoff, None)
+    syncs = handoff.stats()["host_syncs"] - before
+    control, _ = random_mismatch(torch, jax, jnp, handoff, False)
+    emit(figure="random", elements=256 * 256, dropped=dropped, grad_not_forward_mask=differ, host_syncs=syncs,
+         control_grad_not_forward_mask=control)
+    check(differ == 0 and 0 < dropped < 256 * 256, f"the backward's mask differs from the forward's in {differ} "
+          f"elements ({dropped} dropped)")
+    check(syncs == 0, f"{syncs} host syncs counted")
+    check(control > 0, "the control (random=False) drew the same mask: the check cannot see a lost state")
 
 
 def lifetime_trials(torch, jax, jnp, handoff, flag, eye):
@@ -355,7 +396,7 @@ def _timed(f):
 # ---- step time --------------------------------------------------------------------------
 
 
-def time_steps(torch, jax, jnp, handoff, tji, name, bound, args):
+def time_steps(torch, jax, jnp, handoff, peers, name, bound, args):
     size = SIZES[name][bound]
     n = args.steps if bound == "gpu" else 10 * args.steps
     base, x = make_model(torch, name, size)
@@ -364,7 +405,7 @@ def time_steps(torch, jax, jnp, handoff, tji, name, bound, args):
     for variant in args.variants:
         model = copy.deepcopy(base)
         try:
-            step, sync = make_step(torch, jax, jnp, handoff, tji, variant, model, x, name, heads)
+            step, sync = make_step(torch, jax, jnp, handoff, peers, variant, model, x, name, heads)
         except _Unavailable as e:
             emit(figure="step_time", model=name, bound=bound, size=list(size), variant=variant,
                  skipped=str(e))
@@ -374,7 +415,7 @@ def time_steps(torch, jax, jnp, handoff, tji, name, bound, args):
         except Exception as e:  # noqa: BLE001 - a peer's failure is reported, handoff's fails the run
             emit(figure="step_time", model=name, bound=bound, size=list(size), variant=variant,
                  error=f"{type(e).__name__}: {str(e)[:300]}")
-            if variant != "torch_jax_interop":
+            if variant not in PEERS:
                 check(False, f"{name}/{bound}/{variant}: {type(e).__name__}: {e}")
             continue
         results[variant] = ms
@@ -389,7 +430,7 @@ class _Unavailable(Exception):
     pass
 
 
-def make_step(torch, jax, jnp, handoff, tji, variant, model, x, name, heads):
+def make_step(torch, jax, jnp, handoff, peers, variant, model, x, name, heads):
     """``(step, sync)`` for :func:`harness.median_ms`: one training step of ``variant``
     per call, ``sync`` waiting for the last one."""
     last = []
@@ -413,11 +454,17 @@ def make_step(torch, jax, jnp, handoff, tji, variant, model, x, name, heads):
         params = {k: handoff.to_jax(p.detach().clone()) for k, p in model.named_parameters()}
         fn, xs = jax_model(jax, jnp, name, heads), handoff.to_jax(x)
     else:
-        if tji is None:
-            raise _Unavailable("torch_jax_interop does not import here")
-        with torch.no_grad():
-            example = model(x)
-        fn, params = tji(model, example_output=example)
+        peer, why = peers[variant]
+        if peer is None:
+            raise _Unavailable(why)
+        if variant == "torch_jax_interop":
+            with torch.no_grad():
+                example = model(x)
+            fn, params = peer(model, example_output=example)
+        else:  # torch2jax: a function of (parameters, input), its VJP through PyTorch
+            weights = {k: p.detach() for k, p in model.named_parameters()}
+            fn = peer(lambda p, v: torch.func.functional_call(model, p, (v,)), weights, x, depth=1)
+            params = {k: handoff.to_jax(w.clone()) for k, w in weights.items()}
         xs = handoff.to_jax(x)
     train = jax_step(jax, jnp, fn)
     state = [params]
@@ -427,6 +474,19 @@ def make_step(torch, jax, jnp, handoff, tji, variant, model, x, name, heads):
         last[:] = [loss]
 
     return step, jax_sync
+
+
+def load_torch2jax():
+    """``(torch2jax_with_vjp, version)`` of rdyro's torch2jax (an XLA custom call that
+    synchronizes PyTorch's stream around each call; it compiles its C++/CUDA extension at
+    first use), or ``(None, why)``."""
+    try:
+        from torch2jax import torch2jax_with_vjp
+        import importlib.metadata
+
+        return torch2jax_with_vjp, importlib.metadata.version("torch2jax")
+    except Exception as e:  # noqa: BLE001
+        return None, f"not run: {type(e).__name__}: {e}"
 
 
 def load_torch_jax_interop():
