@@ -22,9 +22,9 @@ FUNCTIONS = ("_set_route", "_mock_ordered")
 #: The ``Ordered`` methods it adds.
 METHODS = ("_mock_advance",)
 #: The ``_``-prefixed functions of every build: the package's own internals
-#: (``handoff/__init__.py``'s ``atexit`` hook, ``handoff.torch_function``'s crossings and
-#: captured JAX work, ``handoff.jax_function``'s counted copies and host syncs).
-INTERNAL = ("_shutdown", "_to_jax_many", "_to_torch_many", "_count_copy", "_host_sync", "_relaxed")
+#: (``handoff/__init__.py``'s ``atexit`` hook, ``handoff.torch_function``'s crossings,
+#: ``handoff.jax_function``'s counted copies and host syncs).
+INTERNAL = ("_shutdown", "_to_jax_many", "_to_torch_many", "_count_copy", "_host_sync")
 
 #: Whether this wheel has the seams.
 HOOKS = hasattr(_handoff, FUNCTIONS[0])
