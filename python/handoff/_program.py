@@ -20,7 +20,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import _jax_config, _tree
-from ._handoff import _relaxed, _to_jax_many, _to_torch_many
+from ._handoff import _to_jax_many, _to_torch_many
 from ._shapes import _aval, _torch_dtype, is_float, symbolic_avals, torch_shape
 from ._views import Views
 
@@ -136,13 +136,9 @@ class Program:
         captured = self.device.type == "cuda" and _capturing()
         with _jax_config.configured(self.context):
             # Inside a capture every tensor crosses, onto the capture's client where
-            # capture clients are on (handoff._capture), and XLA may allocate and load
-            # code as PyTorch's allocator may (_relaxed); else parameters' views are kept.
-            if captured:
-                arrays = _relaxed(traced.fwd(True), *_to_jax_many(tensors))
-            else:
-                xs = traced.views.arrays(tensors)
-                arrays = traced.fwd()(*xs)
+            # capture clients are on (handoff._capture); else parameters' views are kept.
+            xs = _to_jax_many(tensors) if captured else traced.views.arrays(tensors)
+            arrays = traced.fwd(captured)(*xs)
         crossed = _to_torch_many(arrays)
         # The JAX arrays of residuals and inputs, for a backward that reads them without
         # crossing back; not those of a capture, whose client the backward may not share
@@ -305,8 +301,7 @@ class Traced:
         with _jax_config.configured(program.context):
             bwd = self.bwd(missing, captured)
             arrays = _as_jax(list(saved) + present, captured, self._kept_view)
-            saved_arrays, cts_arrays = arrays[: len(saved)], arrays[len(saved):]
-            grads = _relaxed(bwd, saved_arrays, cts_arrays) if captured else bwd(saved_arrays, cts_arrays)
+            grads = bwd(arrays[: len(saved)], arrays[len(saved):])
         program.owner._count_execution()
         return _to_torch_many(grads)
 

@@ -5,7 +5,6 @@
 use crate::errors;
 use handoff_runtime::Stream;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Inside a CUDA graph capture on PyTorch's stream (`torch.cuda.graph`), once JAX's
@@ -85,16 +84,4 @@ pub(crate) fn prune_graph(graph: &Bound<'_, PyAny>) -> PyResult<usize> {
     // SAFETY: PyTorch's cudaGraph_t of a capture that ended (it raises otherwise); an
     // executable graph made from it already is a copy, which pruning leaves as it is.
     unsafe { handoff_runtime::cuda::prune_taken_out(raw as *mut std::ffi::c_void) }.map_err(errors::to_py)
-}
-
-/// `f(*args)` with the calling thread's CUDA capture mode relaxed, for the JAX work
-/// `handoff.torch_function` runs inside a capture: XLA's allocator grows (a memory
-/// allocation) and a program's first run on a capture client loads its code, calls that
-/// a capture in global mode (`torch.cuda.graph`'s default) refuses on every thread, the
-/// autograd thread running a captured backward included. PyTorch relaxes the mode for
-/// its own allocations inside a capture in the same way.
-#[pyfunction(name = "_relaxed")]
-#[pyo3(signature = (f, *args))]
-pub fn relaxed<'py>(f: &Bound<'py, PyAny>, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
-    handoff_runtime::cuda::with_capture_mode_relaxed(|| f.call1(args))
 }

@@ -133,7 +133,6 @@ fn _handoff(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(flush, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(capture::prune_graph, m)?)?;
-    m.add_function(wrap_pyfunction!(capture::relaxed, m)?)?;
     m.add_function(wrap_pyfunction!(keep_alive::shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(count_copy, m)?)?;
     m.add_function(wrap_pyfunction!(host_sync, m)?)?;

@@ -113,15 +113,3 @@ def test_report_and_bad_limits(fake):
     with pytest.raises(ValueError, match=r"memory_fraction must be in \(0, 1\], got 1.5"):
         handoff.capture_clients(memory_fraction=1.5)
     del token
-
-
-def test_relaxed_calls_through_with_its_arguments_and_errors():
-    """``_relaxed`` (the JAX work of a capture, with the thread's capture mode relaxed)
-    returns what the function returns and raises what it raises; whether the mode is
-    relaxed shows on a GPU only (``bench/gpu_graph_checks.py``)."""
-    from handoff._handoff import _relaxed
-
-    assert _relaxed(lambda a, b=0: (a, b), 1) == (1, 0)
-    assert _relaxed(divmod, 7, 2) == (3, 1)
-    with pytest.raises(ZeroDivisionError):
-        _relaxed(divmod, 1, 0)
