@@ -1,6 +1,7 @@
 """Where a crossing to JAX and a jitted dispatch spend host time on CUDA (a probe): handoff.to_jax
 against its parts (the ordered capsule, jaxlib's import) and PyTorch's and JAX's own DLPack paths,
-and JAX's dispatch on native and imported arrays, on the main thread and another.
+and JAX's dispatch on native and imported arrays, on the main thread, another one and
+PyTorch's autograd thread (inside a backward).
 
     python bench/crossing_parts.py
 """
