@@ -16,6 +16,7 @@ import torch
 from jax._src.lib import _jax
 
 import handoff
+from handoff._handoff import _to_jax_many, _to_torch_many
 
 N = 2000
 
@@ -61,8 +62,6 @@ timeit("jit 4 in/3 out (native)", lambda: f4(native, native, native, native))
 timeit("jit 4 in/3 out (imported)", lambda: f4(imported, imported, imported, imported))
 timeit("jit lists 2+2 (native)", lambda: fl([native, native], [native, native]))
 
-out = {}
-
 
 def on_thread(label, fn):
     def body():
@@ -70,11 +69,6 @@ def on_thread(label, fn):
     t = threading.Thread(target=body)
     t.start()
     t.join()
-
-
-on_thread("jit a*2 (native input)", lambda: f1(native))
-on_thread("handoff.to_jax", lambda: handoff.to_jax(x))
-on_thread("jit 4 in/3 out (imported)", lambda: f4(imported, imported, imported, imported))
 
 
 def on_autograd_thread(label, fn):
@@ -92,17 +86,16 @@ def on_autograd_thread(label, fn):
     Probe.apply(torch.ones(4, device="cuda", requires_grad=True)).sum().backward()
 
 
-from handoff._handoff import _to_jax_many, _to_torch_many  # noqa: E402
-
 timeit("_to_jax_many([x])", lambda: _to_jax_many([x]))
 timeit("_to_torch_many([native])", lambda: _to_torch_many([native]))
 timeit("torch.cuda.current_stream()", torch.cuda.current_stream)
-for label, fn in [("_to_jax_many([x])", lambda: _to_jax_many([x])),
-                  ("_to_torch_many([native])", lambda: _to_torch_many([native])),
+for label, fn in [("jit a*2 (native input)", lambda: f1(native)),
                   ("handoff.to_jax", lambda: handoff.to_jax(x)),
+                  ("jit 4 in/3 out (imported)", lambda: f4(imported, imported, imported, imported)),
+                  ("_to_jax_many([x])", lambda: _to_jax_many([x])),
+                  ("_to_torch_many([native])", lambda: _to_torch_many([native])),
                   ("torch capsule + jaxlib import",
                    lambda: _jax.dlpack_managed_tensor_to_buffer(x.__dlpack__(stream=stream), dev, stream, False, 2)),
-                  ("torch.cuda.current_stream()", torch.cuda.current_stream),
-                  ("jit a*2 (native input)", lambda: f1(native))]:
+                  ("torch.cuda.current_stream()", torch.cuda.current_stream)]:
     on_thread(label, fn)
     on_autograd_thread(label, fn)

@@ -171,16 +171,22 @@ def torch_grads(torch, model, x):
 # ---- checks -----------------------------------------------------------------------------
 
 
-def check_grads(torch, jax, jnp, handoff):
+def grad_errors(grads, want):
+    """Per parameter: the largest difference between JAX's gradient and PyTorch's,
+    relative to PyTorch's largest magnitude."""
     import numpy as np
 
+    return {k: float(np.max(np.abs(np.asarray(grads[k]) - want[k].cpu().numpy())) /
+                     (float(want[k].abs().max()) + 1e-12)) for k in want}
+
+
+def check_grads(torch, jax, jnp, handoff):
     for name, bounds in SIZES.items():
         model, x = make_model(torch, name, bounds["host"])
         fn, params = handoff.jax_module(model)
         loss, _, grads = jax_step(jax, jnp, fn)(params, handoff.to_jax(x))
         want_loss, want = torch_grads(torch, model, x)
-        errors = {k: float(np.max(np.abs(np.asarray(grads[k]) - want[k].cpu().numpy())) /
-                           (float(want[k].abs().max()) + 1e-12)) for k in want}
+        errors = grad_errors(grads, want)
         worst = max(errors.values())
         emit(figure="grads", model=name, size=list(bounds["host"]), loss=float(loss), torch_loss=want_loss,
              max_rel_error=worst, worst_param=max(errors, key=errors.get))
@@ -191,8 +197,6 @@ def check_grads(torch, jax, jnp, handoff):
 
 def check_command_buffers(torch, jax, jnp, handoff):
     import os
-
-    import numpy as np
 
     model, _ = make_model(torch, "mlp", SIZES["mlp"]["host"])
     fn, params = handoff.jax_module(model)
@@ -206,9 +210,7 @@ def check_command_buffers(torch, jax, jnp, handoff):
         x = torch.randn(SIZES["mlp"]["host"], device="cuda") * (1 + i % 4)
         loss, grads = step(params, handoff.to_jax(x))
         want_loss, want = torch_grads(torch, model, torch.sin(x) * 0.5 + x)
-        err = max(float(np.max(np.abs(np.asarray(grads[k]) - want[k].cpu().numpy())) /
-                        (float(want[k].abs().max()) + 1e-12)) for k in want)
-        err = max(err, abs(float(loss) - want_loss) / max(1.0, abs(want_loss)))
+        err = max(*grad_errors(grads, want).values(), abs(float(loss) - want_loss) / max(1.0, abs(want_loss)))
         worst = max(worst, err)
         if err > 1e-4:
             wrong.append(i)
